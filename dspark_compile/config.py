@@ -1,0 +1,121 @@
+"""Draft-window configuration: which draft family, how wide a window, validation.
+
+``DraftWindowConfig`` is the single source of truth for the window's
+parameters. It is immutable and hashable so passes can put it in ``uuid()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Mapping, Optional
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("eagle3", "dflash", "dspark", "mtp")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(field: str, value: Any, minimum: int, allowed: str) -> None:
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{field}={value!r} is invalid: expected {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftWindowConfig:
+    """Parameters of the draft KV sliding window.
+
+    Attributes:
+        draft_window_size: W, the number of most recent KV tokens the draft
+            attends to; ``None`` turns the window off.
+        method: draft family, one of ``METHODS``; decides ``future_offset``.
+        num_speculative_tokens: draft tokens per step (EAGLE3's future offset).
+        future_offset: K, draft query positions beyond ``seq_lens``; ``None``
+            derives it from ``method`` (eagle3: num_speculative_tokens,
+            dflash/dspark: 0).
+        block_size: kernel KV block size b; ``None`` reads it from the KV
+            cache shape of each attention call.
+        deepseek_v4_target: the DSpark draft was trained natively with a
+            DeepSeek-V4 target (already long-context stable): warns.
+    """
+
+    draft_window_size: Optional[int] = None
+    method: str = "dflash"
+    num_speculative_tokens: int = 1
+    future_offset: Optional[int] = None
+    block_size: Optional[int] = None
+    deepseek_v4_target: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"method={self.method!r} is invalid: expected one of {', '.join(METHODS)}"
+            )
+        if self.draft_window_size is not None:
+            _check_int("draft_window_size", self.draft_window_size, 1,
+                       "a positive int, or None to turn the window off")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, 1,
+                   "a positive int")
+        if self.future_offset is not None:
+            _check_int("future_offset", self.future_offset, 0,
+                       "a non-negative int, or None to derive it from method")
+        if self.block_size is not None:
+            _check_int("block_size", self.block_size, 1,
+                       "a positive int, or None to read it from the KV cache")
+        if not isinstance(self.deepseek_v4_target, bool):
+            raise ValueError(
+                f"deepseek_v4_target={self.deepseek_v4_target!r} is invalid: expected a bool"
+            )
+        if self.method == "mtp" and self.draft_window_size is not None:
+            logger.warning(
+                "draft_window_size=%d ignored: method='mtp' reuses the target's own "
+                "layers, so windowing the draft would window the target; window disabled",
+                self.draft_window_size,
+            )
+            object.__setattr__(self, "draft_window_size", None)
+        if self.enabled and self.method == "dspark" and self.deepseek_v4_target:
+            logger.warning(
+                "draft_window_size=%d with a DSpark draft trained natively with a "
+                "DeepSeek-V4 target: such drafts are long-context stable and windowing "
+                "usually lowers their acceptance; keep W >= the draft's native window",
+                self.draft_window_size,
+            )
+        if self.enabled and self.resolved_future_offset >= self.draft_window_size:
+            raise ValueError(
+                f"future_offset={self.resolved_future_offset} is invalid for "
+                f"draft_window_size={self.draft_window_size}: the window must be wider "
+                "than the draft positions beyond seq_lens (future_offset < draft_window_size)"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """True when the window is on."""
+        return self.draft_window_size is not None
+
+    @property
+    def resolved_future_offset(self) -> int:
+        """K: explicit ``future_offset``, else derived from ``method``."""
+        if self.future_offset is not None:
+            return self.future_offset
+        return self.num_speculative_tokens if self.method == "eagle3" else 0
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> "DraftWindowConfig":
+        """Build from a dict; unknown keys raise ``ValueError`` listing the valid ones."""
+        unknown = sorted(set(options) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(
+                f"unknown draft-window option(s) {unknown}: valid options are "
+                f"{', '.join(cls.field_names())}"
+            )
+        return cls(**dict(options))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,1 @@
+"""Integrations with vLLM, depyf and other hosts."""

@@ -1,0 +1,1 @@
+"""Kernels and their torch references (the definition of correct), per op."""

@@ -1,0 +1,112 @@
+"""Torch reference for ``dspark.paged_attention`` and ``dspark.reshape_and_cache``.
+
+These functions are the definition of correct: every fast kernel is tested
+against them. They work on any device (the attention loops over requests and
+reads their lengths on the host).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def paged_attention_ref(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    causal: bool,
+    kv_start: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Paged attention over a block-table KV cache.
+
+    Shapes: ``query [T, Hq, D]``, ``key_cache/value_cache [num_blocks, b, Hkv, D]``,
+    ``block_table [R, max_blocks]``, ``seq_lens [R]``, ``query_start_loc [R+1]``.
+    Request i has ``q_len = query_start_loc[i+1] - query_start_loc[i]`` queries at
+    absolute positions ``seq_lens[i] - q_len .. seq_lens[i] - 1``; KV token t lives
+    at ``block_table[i, t // b]``, offset ``t % b``, for ``t < seq_lens[i]``.
+    Causal: a query sees tokens ``<=`` its position; non-causal: all tokens.
+    ``kv_start [R]`` (optional) additionally hides tokens ``< kv_start[i]``: this
+    is the windowed reference. A query that sees no token outputs zeros.
+    Math in float32; returns ``[T, Hq, D]`` in ``query``'s dtype.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"query has {num_heads} heads, not a multiple of the cache's {num_kv_heads}")
+    group = num_heads // num_kv_heads
+    out = torch.zeros(num_tokens, num_heads, value_cache.shape[-1],
+                      dtype=torch.float32, device=query.device)
+    lens = seq_lens.tolist()
+    locs = query_start_loc.tolist()
+    starts = [0] * len(lens) if kv_start is None else kv_start.tolist()
+    for i, seq_len in enumerate(lens):
+        q_begin, q_end = locs[i], locs[i + 1]
+        q_len = q_end - q_begin
+        if q_len == 0 or seq_len == 0:
+            continue
+        num_blocks = -(-seq_len // block_size)
+        blocks = block_table[i, :num_blocks].long()
+        k = key_cache[blocks].flatten(0, 1)[:seq_len].float()        # [S, Hkv, D]
+        v = value_cache[blocks].flatten(0, 1)[:seq_len].float()
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)        # [Hq, S, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        q = query[q_begin:q_end].float().transpose(0, 1)             # [Hq, q_len, D]
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale          # [Hq, q_len, S]
+        kv_pos = torch.arange(seq_len, device=query.device)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
+        visible = (kv_pos >= starts[i]).unsqueeze(0).expand(q_len, seq_len)
+        if causal:
+            visible = visible & (kv_pos.unsqueeze(0) <= q_pos.unsqueeze(1))
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)       # all-masked rows -> 0
+        out[q_begin:q_end] = torch.matmul(probs, v).transpose(0, 1)
+    return out.to(query.dtype)
+
+
+def reshape_and_cache_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key/value [T, Hkv, D]`` rows at absolute slots, in place.
+
+    ``slot = block * b + offset``; a negative slot skips its row.
+    """
+    block_size = key_cache.shape[1]
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    slots = slots[keep]
+    blocks, offsets = slots // block_size, slots % block_size
+    key_cache[blocks, offsets] = key[keep].to(key_cache.dtype)
+    value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
+
+
+def windowed_attention_ref(window_size: Optional[int], future_offset: int = 0):
+    """``dspark.paged_attention``-compatible reference that sees only ``[start, seq_len)``.
+
+    ``start`` is the block-aligned window start of ``dspark_compile.window``
+    (block size from the KV cache); ``window_size=None`` means no window.
+    Reads the FULL block table and masks by position: an independent
+    formulation of what the window pass achieves by rewriting metadata.
+    """
+    from dspark_compile.window import compute_window
+
+    def attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+                  scale, causal):
+        kv_start = None
+        if window_size is not None:
+            kv_start = compute_window(seq_lens, window_size, key_cache.shape[1],
+                                      future_offset).start
+        return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
+                                   query_start_loc, scale, causal, kv_start=kv_start)
+
+    return attention

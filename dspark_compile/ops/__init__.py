@@ -1,0 +1,3 @@
+"""Custom ops in the ``dspark`` torch.library namespace (importing registers them)."""
+
+from dspark_compile.ops import paged_attention  # noqa: F401  (registers dspark::*)

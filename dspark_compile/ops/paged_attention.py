@@ -1,0 +1,56 @@
+"""``dspark.paged_attention`` and ``dspark.reshape_and_cache`` custom ops.
+
+Both are opaque ``torch.library.custom_op``s (so the window pass finds them by
+name in the post-grad graph) with fake implementations so they trace.
+Their default implementation is the torch reference in
+``dspark_compile.kernels.paged_attention``; device kernels register on top.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark_compile.kernels.paged_attention import paged_attention_ref, reshape_and_cache_ref
+
+
+@torch.library.custom_op("dspark::paged_attention", mutates_args=())
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """Attention of ``query [T, Hq, D]`` over a paged KV cache; returns ``[T, Hq, D]``.
+
+    Semantics: ``dspark_compile.kernels.paged_attention.paged_attention_ref``.
+    """
+    return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
+                               query_start_loc, scale, causal)
+
+
+@paged_attention.register_fake
+def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
+                          query_start_loc, scale, causal):
+    return query.new_empty(query.shape[0], query.shape[1], value_cache.shape[-1])
+
+
+@torch.library.custom_op("dspark::reshape_and_cache",
+                         mutates_args=("key_cache", "value_cache"))
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key/value [T, Hkv, D]`` at absolute ``slot_mapping [T]`` slots (negative: skip)."""
+    reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+
+
+@reshape_and_cache.register_fake
+def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
+    return None

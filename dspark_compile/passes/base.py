@@ -1,0 +1,40 @@
+"""Base class of dspark graph passes over Inductor's post-grad ATen graph."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+
+class DSparkPass(CustomGraphPass):
+    """One graph rewrite with a config.
+
+    Subclasses set ``name``, implement ``apply(graph) -> stats`` (counters of
+    what they did) and ``config()`` (a JSON-able dict). ``uuid()`` hashes the
+    class source and the config, so Inductor's FX graph cache keys on both.
+    """
+
+    name: str = "dspark_pass"
+
+    def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
+        raise NotImplementedError(f"{type(self).__name__} must implement apply()")
+
+    def config(self) -> dict[str, Any]:
+        return {}
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.apply(graph)
+
+    def uuid(self) -> str:
+        hasher = hashlib.sha256()
+        for cls in type(self).__mro__:
+            if cls is DSparkPass:
+                break
+            hasher.update(inspect.getsource(cls).encode())
+        hasher.update(json.dumps(self.config(), sort_keys=True, default=str).encode())
+        return hasher.hexdigest()

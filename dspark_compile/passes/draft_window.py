@@ -1,0 +1,132 @@
+"""Draft KV sliding-window pass.
+
+Rewires every call of a registered attention op (``attention_registry``) to
+read windowed ``seq_lens`` and a gathered windowed block table. The window
+code (``dspark_compile.window``) is inserted as plain ATen ops once per
+distinct ``(seq_lens, block_table, block_size)``, right before the first call
+that reads the pair; every later call reuses it. Host mirrors are windowed
+with the same arithmetic (once per distinct mirror) and scalar upper bounds
+become ``min(bound, W - K + b - 1)``. slot_mapping and KV writes are never
+touched: they are not attention-op inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from dspark_compile import window
+from dspark_compile.config import DraftWindowConfig
+from dspark_compile.passes.attention_registry import AttentionOpSpec, attention_op_specs
+from dspark_compile.passes.base import DSparkPass
+from dspark_compile.passes.graph_utils import (
+    Decompositions, get_arg, inductor_decompositions, insert_traced, set_arg)
+
+logger = logging.getLogger(__name__)
+
+DECOMPOSITION_MODES = ("inductor", "none")
+
+
+class DraftWindowPass(DSparkPass):
+    """Window every registered attention call of a draft graph.
+
+    ``decompositions``: ``"inductor"`` traces the window code with Inductor's
+    decomposition table (for ``compile_fx``); ``"none"`` keeps plain core
+    ATen ops (for the eager/aot lowering and torchair).
+    """
+
+    name = "draft_window"
+
+    def __init__(self, config: DraftWindowConfig, decompositions: str = "inductor") -> None:
+        if decompositions not in DECOMPOSITION_MODES:
+            raise ValueError(f"decompositions={decompositions!r} is invalid: expected one of "
+                             f"{', '.join(DECOMPOSITION_MODES)}")
+        self.window_config = config
+        self.decompositions = decompositions
+
+    def config(self) -> dict[str, Any]:
+        specs = sorted(str(spec) for spec in attention_op_specs().values())
+        return {"window": self.window_config.as_dict(), "decompositions": self.decompositions,
+                "attention_ops": specs}
+
+    def _decomposition_table(self) -> Decompositions:
+        return inductor_decompositions() if self.decompositions == "inductor" else None
+
+    def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
+        stats = {"attention_calls": 0, "rewritten": 0, "window_computations": 0,
+                 "host_mirrors_windowed": 0, "upper_bounds_windowed": 0}
+        specs = attention_op_specs()
+        calls = [n for n in graph.nodes if n.op == "call_function" and n.target in specs]
+        stats["attention_calls"] = len(calls)
+        if not self.window_config.enabled or not calls:
+            return stats
+        windows: dict[tuple, tuple[torch.fx.Node, torch.fx.Node]] = {}
+        mirrors: dict[tuple, torch.fx.Node] = {}
+        for call in calls:
+            spec = specs[call.target]
+            block_size = self._block_size(call, spec)
+            params = (self.window_config.draft_window_size, block_size,
+                      self.window_config.resolved_future_offset)
+            seq_lens = get_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens)
+            table = get_arg(call, spec.arg_index(spec.block_table), spec.block_table)
+            key = (seq_lens, table, block_size)
+            if key not in windows:
+                fn = functools.partial(window.window_seq_lens_and_block_table,
+                                       window_size=params[0], block_size=params[1],
+                                       future_offset=params[2])
+                windows[key] = insert_traced(graph, call, fn, [seq_lens, table],
+                                             self._decomposition_table())
+                stats["window_computations"] += 1
+            windowed_lens, windowed_table = windows[key]
+            set_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens, windowed_lens)
+            set_arg(call, spec.arg_index(spec.block_table), spec.block_table, windowed_table)
+            for name in spec.host_seq_lens:
+                mirror = get_arg(call, spec.arg_index(name), name)
+                if not isinstance(mirror, torch.fx.Node):
+                    continue
+                if (mirror, block_size) not in mirrors:
+                    fn = functools.partial(window.window_seq_lens, window_size=params[0],
+                                           block_size=params[1], future_offset=params[2])
+                    mirrors[(mirror, block_size)] = insert_traced(
+                        graph, call, fn, [mirror], self._decomposition_table())
+                    stats["host_mirrors_windowed"] += 1
+                set_arg(call, spec.arg_index(name), name, mirrors[(mirror, block_size)])
+            for name in spec.upper_bounds:
+                bound = get_arg(call, spec.arg_index(name), name)
+                new_bound = _window_bound(graph, call, bound, *params)
+                if new_bound is not None:
+                    set_arg(call, spec.arg_index(name), name, new_bound)
+                    stats["upper_bounds_windowed"] += 1
+            stats["rewritten"] += 1
+        graph.lint()
+        return stats
+
+    def _block_size(self, call: torch.fx.Node, spec: AttentionOpSpec) -> int:
+        if self.window_config.block_size is not None:
+            return self.window_config.block_size
+        if spec.kv_cache is None:
+            raise ValueError(f"{spec.op} names no kv_cache argument: set the block_size option")
+        cache = get_arg(call, spec.arg_index(spec.kv_cache), spec.kv_cache)
+        size = cache.meta["val"].shape[1] if isinstance(cache, torch.fx.Node) else None
+        if not isinstance(size, int):
+            raise ValueError(f"the KV block size of {call.format_node()} is not static "
+                             f"({size!r}): set the block_size option")
+        return size
+
+
+def _window_bound(graph: torch.fx.Graph, call: torch.fx.Node, bound: Any, window_size: int,
+                  block_size: int, future_offset: int) -> Optional[Any]:
+    """``min(bound, W - K + b - 1)`` for an int or a SymInt-valued node; None: leave it."""
+    cap = window.windowed_len_bound(window_size, block_size, future_offset)
+    if isinstance(bound, int) and not isinstance(bound, bool):
+        return min(bound, cap)
+    if isinstance(bound, torch.fx.Node) and isinstance(bound.meta.get("val"), torch.SymInt):
+        with graph.inserting_before(call):
+            node = graph.call_function(torch.sym_min, (bound, cap))
+        node.meta["val"] = torch.sym_min(bound.meta["val"], cap)
+        return node
+    return None

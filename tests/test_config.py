@@ -1,0 +1,66 @@
+"""DraftWindowConfig validation and derived values."""
+
+import logging
+
+import pytest
+
+from dspark_compile import DraftWindowConfig
+
+
+@pytest.mark.parametrize("method,expected", [("eagle3", 3), ("dflash", 0), ("dspark", 0)])
+def test_future_offset_derived_from_method(method, expected):
+    config = DraftWindowConfig(draft_window_size=64, method=method, num_speculative_tokens=3)
+    assert config.resolved_future_offset == expected
+
+
+def test_explicit_future_offset_wins():
+    config = DraftWindowConfig(draft_window_size=64, method="eagle3", future_offset=1)
+    assert config.resolved_future_offset == 1
+
+
+def test_off_by_default():
+    assert not DraftWindowConfig().enabled
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("draft_window_size", 0, "positive int"),
+    ("draft_window_size", -4, "positive int"),
+    ("draft_window_size", 2.5, "positive int"),
+    ("draft_window_size", "2048", "positive int"),
+    ("draft_window_size", True, "positive int"),
+    ("method", "medusa", "eagle3, dflash, dspark, mtp"),
+    ("num_speculative_tokens", 0, "positive int"),
+    ("future_offset", -1, "non-negative int"),
+    ("block_size", 0, "positive int"),
+    ("deepseek_v4_target", "yes", "a bool"),
+])
+def test_bad_values_name_field_value_and_allowed(field, value, allowed):
+    kwargs = {"draft_window_size": 64, field: value}
+    with pytest.raises(ValueError) as err:
+        DraftWindowConfig(**kwargs)
+    message = str(err.value)
+    assert f"{field}={value!r}" in message and allowed in message
+
+
+def test_future_offset_must_be_inside_the_window():
+    with pytest.raises(ValueError, match="future_offset=8 is invalid for draft_window_size=8"):
+        DraftWindowConfig(draft_window_size=8, method="eagle3", num_speculative_tokens=8)
+
+
+def test_mtp_warns_and_disables(caplog):
+    with caplog.at_level(logging.WARNING, logger="dspark_compile.config"):
+        config = DraftWindowConfig(draft_window_size=2048, method="mtp")
+    assert not config.enabled and config.draft_window_size is None
+    assert "method='mtp'" in caplog.text and "window disabled" in caplog.text
+
+
+def test_dspark_with_deepseek_v4_target_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="dspark_compile.config"):
+        config = DraftWindowConfig(draft_window_size=2048, method="dspark", deepseek_v4_target=True)
+    assert config.enabled
+    assert "DeepSeek-V4" in caplog.text
+
+
+def test_from_mapping_rejects_unknown_keys():
+    with pytest.raises(ValueError, match=r"unknown draft-window option\(s\) \['window'\].*draft_window_size"):
+        DraftWindowConfig.from_mapping({"window": 8})

@@ -1,0 +1,133 @@
+"""Properties of the window arithmetic (DESIGN.md 1.1), checked with hypothesis."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from dspark_compile import window
+
+
+@st.composite
+def window_cases(draw):
+    block_size = draw(st.integers(1, 32))
+    window_size = draw(st.integers(1, 300))
+    future_offset = draw(st.integers(0, window_size - 1))
+    seq_lens = draw(st.lists(st.integers(0, 700), min_size=1, max_size=6))
+    extra_cols = draw(st.integers(0, 3))
+    return seq_lens, window_size, block_size, future_offset, extra_cols
+
+
+def _full_table(seq_lens, block_size, extra_cols, seed):
+    width = max(-(-s // block_size) for s in seq_lens) + extra_cols
+    gen = torch.Generator().manual_seed(seed)
+    # Distinct, non-zero block ids, so a zeroed column is never a real block.
+    ids = torch.randperm(len(seq_lens) * max(width, 1), generator=gen)[: len(seq_lens) * width] + 1
+    return ids.view(len(seq_lens), width).to(torch.int32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(window_cases(), st.integers(0, 2**31 - 1))
+def test_window_reads_exactly_the_recent_tokens(case, seed):
+    seq_lens, W, b, K, extra_cols = case
+    table = _full_table(seq_lens, b, extra_cols, seed)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    bounds = window.compute_window(lens, W, b, K)
+    mwb = window.max_window_blocks(W, b)
+    windowed = window.gather_window_block_table(table, bounds.start_block, bounds.needed, mwb)
+    assert windowed.shape == (len(seq_lens), mwb) and windowed.dtype == table.dtype
+    for i, s in enumerate(seq_lens):
+        start, wlen = int(bounds.start[i]), int(bounds.windowed_len[i])
+        needed = int(bounds.needed[i])
+        wanted_from = max(0, s + K - W)
+        # Block aligned, at or before the wanted start, by less than one block.
+        assert start % b == 0 and start == int(bounds.start_block[i]) * b
+        assert wanted_from - b < start <= wanted_from
+        assert wlen == s - start
+        assert wlen <= W - K + b - 1
+        assert needed == math.ceil(wlen / b) <= mwb
+        # Every wanted position is readable through the windowed table, in
+        # windowed coordinates p - start < windowed_len; positions before
+        # start cannot be expressed (the table starts at start_block).
+        for p in range(wanted_from, s):
+            assert p - start < wlen
+            assert windowed[i, (p - start) // b] == table[i, p // b]
+        # Columns past `needed` are zero (never a real, non-zero block id).
+        assert torch.all(windowed[i, needed:] == 0)
+        assert torch.all(windowed[i, :needed] != 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(window_cases())
+def test_host_mirrors_and_upper_bounds_use_the_same_arithmetic(case):
+    seq_lens, W, b, K, _ = case
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    device_len = window.compute_window(lens, W, b, K).windowed_len
+    host_len = window.window_seq_lens(lens.to(torch.int64), W, b, K)
+    assert host_len.tolist() == device_len.tolist()
+    bound = max(seq_lens)
+    windowed_bound = window.window_upper_bound(bound, W, b, K)
+    assert windowed_bound == min(bound, W - K + b - 1)
+    assert int(device_len.max()) <= windowed_bound
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 256), st.data())
+def test_max_window_blocks_covers_worst_case(W, b, data):
+    K = data.draw(st.integers(0, W - 1))
+    worst = math.ceil((W - K + b - 1) / b)
+    assert worst <= window.max_window_blocks(W, b) == math.ceil(W / b) + 1
+
+
+def test_floor_w_over_b_plus_one_is_not_enough():
+    # The seed's W//b + 1 misses one block when b does not divide W.
+    W, b, K = 100, 16, 0
+    assert math.ceil((W - K + b - 1) / b) == 8 > W // b + 1
+    lens = torch.tensor([275], dtype=torch.int32)  # start = 160, windowed_len = 115
+    bounds = window.compute_window(lens, W, b, K)
+    assert int(bounds.needed[0]) == 8 == window.max_window_blocks(W, b)
+
+
+def test_empty_and_short_requests():
+    lens = torch.tensor([0, 1, 5, 63], dtype=torch.int32)
+    table = torch.arange(1, 4 * 4 + 1, dtype=torch.int32).view(4, 4)
+    wlen, wtable = window.window_seq_lens_and_block_table(lens, table, 64, 16)
+    assert wlen.tolist() == [0, 1, 5, 63]                    # W > seq_len: nothing cut
+    assert wtable[0].tolist() == [0] * 5                       # empty request: all zero
+    assert wtable[1].tolist() == [5, 0, 0, 0, 0]
+    assert wtable[3].tolist() == [13, 14, 15, 16, 0]
+
+
+def test_zero_width_table():
+    lens = torch.tensor([0, 0], dtype=torch.int32)
+    table = torch.zeros(2, 0, dtype=torch.int32)
+    _, wtable = window.window_seq_lens_and_block_table(lens, table, 8, 4)
+    assert wtable.shape == (2, 3) and torch.all(wtable == 0)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True, None])
+def test_functional_api_rejects_bad_sizes(bad):
+    lens = torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="window_size"):
+        window.compute_window(lens, bad, 4)
+    with pytest.raises(ValueError, match="block_size"):
+        window.max_window_blocks(8, bad)
+
+
+def test_adapter_reuses_its_buffer_and_keeps_the_full_table():
+    adapter = window.SlidingWindowAdapter(window_size=32, block_size=8, max_num_reqs=4)
+    ptr = adapter.block_table_buffer.data_ptr()
+    table = torch.arange(1, 3 * 10 + 1, dtype=torch.int32).view(3, 10)
+    for step, lens in enumerate(([40, 10, 79], [41, 11, 80], [8, 0, 33])):
+        lens = torch.tensor(lens, dtype=torch.int32)
+        meta = adapter.apply(lens, table, seq_lens_cpu=lens.clone(), max_seq_len=int(lens.max()))
+        assert meta.block_table.data_ptr() == ptr
+        assert meta.full_block_table is table
+        want_len, want_table = window.window_seq_lens_and_block_table(lens, table, 32, 8)
+        assert torch.equal(meta.seq_lens, want_len)
+        assert torch.equal(meta.block_table, want_table)
+        assert torch.equal(meta.seq_lens_cpu, want_len)
+        assert meta.max_seq_len == min(int(lens.max()), 32 + 8 - 1)
+    with pytest.raises(ValueError, match="max_num_reqs=4"):
+        adapter.apply(torch.ones(5, dtype=torch.int32), torch.ones(5, 2, dtype=torch.int32))
