@@ -1,5 +1,13 @@
+import os
+
 import pytest
 import torch
+
+# Triton kernels run on CPU tensors in the interpreter when no GPU is present.
+# The variable is read when a kernel is decorated, so set it before any
+# dspark_compile.kernels module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
