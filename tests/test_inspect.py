@@ -92,6 +92,7 @@ def test_summary_names_the_generated_kernels(inspected):
         assert f"{kernel} = async_compile." in source
 
 
+@pytest.mark.filterwarnings("ignore:.*You are trying to debug")
 def test_depyf_hook_takes_the_keywords_newer_inductor_passes(tmp_path):
     extra = ({"set_sys_modules": False}
              if "set_sys_modules" in pyinspect.signature(PyCodeCache.load).parameters else {})
