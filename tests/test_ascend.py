@@ -179,3 +179,21 @@ def test_backend_validates_torchair_mode():
     assert parse_options({"torchair_mode": "npugraph_ex"})[1]["torchair_mode"] == "npugraph_ex"
     with pytest.raises(ValueError, match="torchair_mode='ge' is invalid"):
         parse_options({"torchair_mode": "ge"})
+
+
+def test_backend_sends_npu_inputs_down_the_torchair_route(monkeypatch):
+    import dspark_compile.backend as backend_module
+
+    calls = []
+    monkeypatch.setitem(sys.modules, "torchair", _fake_torchair(calls))
+    monkeypatch.setattr(backend_module, "on_npu", lambda inputs: True)  # no NPU here
+    case = make_draft_case([40, 23], [4, 4], causal=True, num_layers=2)
+    want, _, _ = run_eager_reference(case, 12)
+    compiled = torch.compile(case.model, backend="dspark", dynamic=False, options={
+        "draft_window_size": 12, "torchair_mode": "reduce-overhead"})
+    keys, values = case.clone_caches()
+    with torch.no_grad():
+        got = compiled(*case.args(keys, values))
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert [(compiler, mode) for compiler, mode, _ in calls] == [("torchair", "reduce-overhead")]
+    assert not dspark_compile.ascend.on_npu([torch.zeros(2), 3])
