@@ -198,11 +198,15 @@ def run_check_ascend_command(args: argparse.Namespace) -> int:
     from dspark_compile.inspection import reference_draft_example
 
     options = _window_options(args)
+    progress = TextProgress(1, "check-ascend")
+    progress.show(0, "tracing the reference draft with backend='dspark'")
     model, inputs = reference_draft_example()
     if args.inserted_only:
         result = _check_inserted(model, inputs, options)
     else:
         result = check_ascend(model, *inputs, options=options)
+    progress.show(1, "done")
+    progress.clear()
     print(result)
     if not result.ok:
         print("note: the reference draft's dspark.* custom ops stand in for NPU attention "
