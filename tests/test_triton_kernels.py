@@ -205,3 +205,23 @@ def test_adapter_fused_equals_reference_with_a_stable_buffer():
         assert torch.equal(got.seq_lens_cpu, want.seq_lens_cpu)
         assert got.max_seq_len == want.max_seq_len == 24 - 1 + 8 - 1
         assert got.full_block_table is table
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reshape_and_cache_matches_reference(dtype):
+    """KV rows land at absolute slots, negative slots are skipped, nothing else changes
+    (exercised through the op's CUDA registration on CPU tensors)."""
+    from dspark_compile.kernels.paged_attention import reshape_and_cache_ref
+    from dspark_compile.ops.paged_attention import _reshape_and_cache_cuda
+
+    gen = torch.Generator().manual_seed(4)
+    kc, vc = random_kv_cache(6, 4, 3, 24, dtype=dtype, device=DEVICE, generator=gen)
+    key = torch.randn(5, 3, 24, generator=gen).to(DEVICE, dtype)
+    value = torch.randn(5, 3, 24, generator=gen).to(DEVICE, dtype)
+    slots = torch.tensor([0, 23, -1, 9, 14], device=DEVICE)
+    want_k, want_v = kc.clone(), vc.clone()
+    reshape_and_cache_ref(key, value, want_k, want_v, slots)
+    _reshape_and_cache_cuda(key, value, kc, vc, slots)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    assert not torch.equal(kc, random_kv_cache(6, 4, 3, 24, dtype=dtype, device=DEVICE,
+                                               generator=torch.Generator().manual_seed(4))[0])

@@ -65,10 +65,10 @@ def _paged_attention_kernel(
     seq_lens_ptr, qsl_ptr, num_reqs,
     out_ptr, out_stride0, out_stride1,
     part_ptr, lse_ptr,
-    scale_log2, tokens_per_split,
+    scale_log2, tokens_per_split, num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -138,11 +138,11 @@ def _paged_attention_kernel(
     empty = l_i == 0.0
     result = acc / tl.where(empty, 1.0, l_i)[:, None]
     mask = row_valid[:, None] & d_valid[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT_KV:
         tl.store(out_ptr + token[:, None] * out_stride0 + head[:, None] * out_stride1
                  + d[None, :], result.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        slot = (token * NUM_HEADS + head) * NUM_SPLITS + split
+        slot = (token * NUM_HEADS + head) * num_splits + split
         tl.store(part_ptr + slot[:, None] * HEAD_DIM + d[None, :], result, mask=mask)
         lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
         tl.store(lse_ptr + slot, lse, mask=row_valid)
@@ -150,15 +150,15 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _combine_splits_kernel(
-    part_ptr, lse_ptr, out_ptr, out_stride0, out_stride1,
+    part_ptr, lse_ptr, out_ptr, out_stride0, out_stride1, num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
-    s_valid = s < NUM_SPLITS
-    base = (token * NUM_HEADS + head) * NUM_SPLITS
+    s_valid = s < num_splits
+    base = (token * NUM_HEADS + head) * num_splits
     lse = tl.load(lse_ptr + base + s, mask=s_valid, other=float("-inf"))
     m = tl.max(lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -266,17 +266,17 @@ def paged_attention_triton(
         seq_lens, query_start_loc, num_reqs,
         out, out.stride(0), out.stride(1),
         parts, lse,
-        float(scale) * _LOG2E, cfg.tokens_per_split,
+        float(scale) * _LOG2E, cfg.tokens_per_split, cfg.num_splits,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_SIZE=block_size, NUM_SPLITS=cfg.num_splits, CAUSAL=bool(causal),
+        BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
         DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
-            parts, lse, out, out.stride(0), out.stride(1),
+            parts, lse, out, out.stride(0), out.stride(1), cfg.num_splits,
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            NUM_SPLITS=cfg.num_splits, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
+            BLOCK_S=triton.next_power_of_2(cfg.num_splits),
             num_warps=4)
     return out
 

@@ -68,3 +68,14 @@ def _paged_attention_cuda(query, key_cache, value_cache, block_table, seq_lens,
                                              seq_lens, query_start_loc, scale, causal)
     return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
                                query_start_loc, scale, causal)
+
+
+@reshape_and_cache.register_kernel("cuda")
+def _reshape_and_cache_cuda(key, value, key_cache, value_cache, slot_mapping):
+    """CUDA: the Triton KV write (no host sync, unlike the reference's boolean mask)."""
+    from dspark_compile.kernels import reshape_and_cache_triton as kernel
+
+    if kernel.supports(key, value, key_cache, value_cache):
+        kernel.reshape_and_cache_triton(key, value, key_cache, value_cache, slot_mapping)
+    else:
+        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
