@@ -59,12 +59,12 @@ def B(n: int) -> int:
 
 def sync() -> None:
     if DEV == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def free() -> None:
     if DEV == "cuda":
-        free()
+        torch.cuda.empty_cache()
 
 
 def log(msg: str) -> None:
