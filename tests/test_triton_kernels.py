@@ -129,6 +129,10 @@ def test_paged_attention_rejects_bad_inputs():
     with pytest.raises(ValueError, match="dtype.*expected one of"):
         paged_attention_triton(q[:, :2].double(), kc.double(), vc.double(), batch.block_table,
                                batch.seq_lens, batch.query_start_loc, 0.3, False)
+    with pytest.raises(ValueError, match="out \\(2, 2, 16\\) torch.float16 is invalid"):
+        paged_attention_triton(q[:, :2].contiguous(), kc, vc, batch.block_table,
+                               batch.seq_lens, batch.query_start_loc, 0.3, False,
+                               out=q.new_empty(2, 2, 16, dtype=torch.float16))
     with pytest.raises(ValueError, match="num_splits=0 is invalid"):
         paged_attention_triton(q[:, :2].contiguous(), kc, vc, batch.block_table,
                                batch.seq_lens, batch.query_start_loc, 0.3, False, num_splits=0)

@@ -241,6 +241,9 @@ def paged_attention_triton(
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    elif out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} is invalid: expected query's shape "
+                         f"{tuple(query.shape)} and dtype {query.dtype}, contiguous last dim")
     num_reqs = seq_lens.shape[0]
     if num_tokens == 0 or num_reqs == 0:
         return out
