@@ -229,3 +229,15 @@ def test_reshape_and_cache_matches_reference(dtype):
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     assert not torch.equal(kc, random_kv_cache(6, 4, 3, 24, dtype=dtype, device=DEVICE,
                                                generator=torch.Generator().manual_seed(4))[0])
+
+
+def test_cuda_registration_falls_back_to_the_reference_with_a_warning(caplog):
+    """float64 has no Triton path: the reference runs and the fallback is logged."""
+    from dspark_compile.ops.paged_attention import _paged_attention_cuda
+
+    batch, q, kc, vc = _batch([9, 4], [2, 1], 4, 2, 1, 16, torch.float64, 8)
+    args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, False)
+    with caplog.at_level("WARNING"):
+        got = _paged_attention_cuda(*args)
+    torch.testing.assert_close(got, paged_attention_ref(*args))
+    assert "no Triton kernel for query torch.float64" in caplog.text

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -297,6 +300,14 @@ def supports(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
             and value_cache.dtype == query.dtype and query.dim() == 3
             and key_cache.shape[-1] == value_cache.shape[-1] == query.shape[-1]
             and query.stride(2) == 1 and key_cache.stride(3) == 1 and value_cache.stride(3) == 1)
+
+
+@functools.lru_cache(maxsize=None)
+def warn_fallback(description: str) -> None:
+    """Log once per input kind that the host-syncing torch reference runs instead."""
+    logger.warning("dspark.paged_attention: no Triton kernel for %s; using the torch "
+                   "reference (reads lengths on the host: not CUDA-graph capturable)",
+                   description)
 
 
 def _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc):

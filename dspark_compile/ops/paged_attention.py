@@ -66,6 +66,7 @@ def _paged_attention_cuda(query, key_cache, value_cache, block_table, seq_lens,
     if kernel.supports(query, key_cache, value_cache):
         return kernel.paged_attention_triton(query, key_cache, value_cache, block_table,
                                              seq_lens, query_start_loc, scale, causal)
+    kernel.warn_fallback(f"query {query.dtype}, cache {key_cache.dtype}/{value_cache.dtype}")
     return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
                                query_start_loc, scale, causal)
 
