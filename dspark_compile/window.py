@@ -106,6 +106,41 @@ def window_seq_lens_and_block_table(
     return bounds.windowed_len, table
 
 
+def window_seq_lens_and_block_table_packed(
+    seq_lens: torch.Tensor, block_table: torch.Tensor, window_size: int, block_size: int,
+    future_offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same values as ``window_seq_lens_and_block_table``, as contiguous views
+    of ONE flat buffer ``[R * max_window_blocks + R]`` (table rows, then the
+    lengths) computed by a single elementwise expression, so that a compiler
+    emits one kernel for both. Needs equal dtypes (else: two tensors).
+    """
+    num_reqs, width = block_table.shape[0], block_table.shape[1]
+    num_window_blocks = max_window_blocks(window_size, block_size)
+    if block_table.dtype != seq_lens.dtype or width == 0:
+        return window_seq_lens_and_block_table(seq_lens, block_table, window_size, block_size,
+                                               future_offset)
+    table_numel = num_reqs * num_window_blocks
+    flat = torch.arange(table_numel + num_reqs, device=block_table.device)
+    in_table = flat < table_numel
+    row_in_table = torch.div(flat, num_window_blocks, rounding_mode="floor")
+    row = torch.where(in_table, row_in_table, flat - table_numel)
+    col = flat - row_in_table * num_window_blocks
+    bounds = compute_window(torch.gather(seq_lens, 0, row), window_size, block_size,
+                            future_offset)
+    index = bounds.start_block + col
+    valid = torch.logical_and(
+        torch.logical_and(in_table, col < bounds.needed), index < width)
+    safe_index = torch.clamp(index, min=0, max=width - 1)
+    table_values = torch.gather(block_table.reshape(-1), 0, row * width + safe_index)
+    packed = torch.where(in_table, table_values * valid.to(block_table.dtype),
+                         bounds.windowed_len)
+    # as_strided (not slice/view): Inductor then realizes `packed` once and hands
+    # every consumer a view of that one buffer.
+    return (torch.as_strided(packed, (num_reqs,), (1,), table_numel),
+            torch.as_strided(packed, (num_reqs, num_window_blocks), (num_window_blocks, 1), 0))
+
+
 def window_seq_lens(seq_lens: torch.Tensor, window_size: int, block_size: int,
                     future_offset: int = 0) -> torch.Tensor:
     """Windowed lengths only (for host mirrors such as ``seq_lens_cpu``)."""

@@ -61,8 +61,11 @@ def test_after_graph_has_window_arithmetic_and_rewired_attention(inspected):
     assert {(a[3], a[4]) for a in after_args} == {
         (c.block_table_after, c.seq_lens_after) for c in record.attention_calls}
     [(table, lens)] = {(a[3], a[4]) for a in after_args}
-    assert re.search(rf"\b{lens}: \"i32\[2\]\" = torch\.ops\.aten\.sub\.Tensor\(", after_text)
-    assert re.search(rf"\b{table}: \"i32\[2, 3\]\" = ", after_text)  # ceil(32/16) + 1 columns
+    # Both are views of one packed window buffer: table rows, then the lengths.
+    assert re.search(rf"\b{lens}: \"i32\[2\]\" = torch\.ops\.aten\.as_strided\.default\(",
+                     after_text)
+    assert re.search(rf"\b{table}: \"i32\[2, 3\]\" = torch\.ops\.aten\.as_strided\.default\(",
+                     after_text)  # ceil(32/16) + 1 columns
 
 
 def test_summary_counts_equal_the_pass_managers(inspected):

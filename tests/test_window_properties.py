@@ -131,3 +131,19 @@ def test_adapter_reuses_its_buffer_and_keeps_the_full_table():
         assert meta.max_seq_len == min(int(lens.max()), 32 + 8 - 1)
     with pytest.raises(ValueError, match="max_num_reqs=4"):
         adapter.apply(torch.ones(5, dtype=torch.int32), torch.ones(5, 2, dtype=torch.int32))
+
+
+@settings(max_examples=150, deadline=None)
+@given(window_cases(), st.integers(0, 2**31 - 1))
+def test_packed_form_equals_the_two_tensor_form(case, seed):
+    seq_lens, W, b, K, extra_cols = case
+    table = _full_table(seq_lens, b, extra_cols, seed)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    want_len, want_table = window.window_seq_lens_and_block_table(lens, table, W, b, K)
+    got_len, got_table = window.window_seq_lens_and_block_table_packed(lens, table, W, b, K)
+    assert torch.equal(got_len, want_len) and torch.equal(got_table, want_table)
+    assert got_len.is_contiguous() and got_table.is_contiguous()
+    # One buffer: the lengths sit right after the table rows (a zero-width
+    # full table falls back to two tensors).
+    if table.shape[1] > 0:
+        assert got_len.data_ptr() == got_table.data_ptr() + got_table.numel() * 4

@@ -75,7 +75,7 @@ class DraftWindowPass(DSparkPass):
             table = get_arg(call, spec.arg_index(spec.block_table), spec.block_table)
             key = (seq_lens, table, block_size)
             if key not in windows:
-                fn = functools.partial(window.window_seq_lens_and_block_table,
+                fn = functools.partial(window.window_seq_lens_and_block_table_packed,
                                        window_size=params[0], block_size=params[1],
                                        future_offset=params[2])
                 windows[key] = insert_traced(graph, call, fn, [seq_lens, table],

@@ -68,6 +68,12 @@ def get_arg(node: torch.fx.Node, index: int, name: str) -> Any:
 
 
 def set_arg(node: torch.fx.Node, index: int, name: str, value: Any) -> None:
+    """Replace argument ``name`` (schema position ``index``) of a call node.
+
+    Also updates ``meta["eager_input_vals"]``: Inductor lays custom-op inputs
+    out with the strides recorded there, so a stale entry (the old input's
+    shape) would make it copy the new input once per call.
+    """
     if index < len(node.args):
         args = list(node.args)
         args[index] = value
@@ -76,3 +82,11 @@ def set_arg(node: torch.fx.Node, index: int, name: str, value: Any) -> None:
         kwargs = dict(node.kwargs)
         kwargs[name] = value
         node.kwargs = kwargs
+    if "eager_input_vals" in node.meta:
+        fake_args, fake_kwargs = node.meta["eager_input_vals"]
+        fake = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+        if index < len(fake_args):
+            fake_args = tuple(fake if i == index else a for i, a in enumerate(fake_args))
+        else:
+            fake_kwargs = {**fake_kwargs, name: fake}
+        node.meta["eager_input_vals"] = (fake_args, fake_kwargs)
