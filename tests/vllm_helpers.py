@@ -32,9 +32,11 @@ def cpu_pass_manager(config):
     replaced by a no-op here, so Inductor decomposes ``auto_functionalized``
     itself. Every other step is vLLM's own.
     """
+    from vllm.compilation.passes.inductor_pass import CallableInductorPass
     from vllm.compilation.passes.pass_manager import PostGradPassManager
 
     manager = PostGradPassManager()
     manager.configure(config)
-    manager.fix_functionalization = lambda graph: None
+    manager.fix_functionalization = CallableInductorPass(
+        lambda graph: None, uuid="fix_functionalization skipped on CPU")
     return manager

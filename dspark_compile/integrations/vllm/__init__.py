@@ -13,7 +13,7 @@ from dspark_compile.integrations.vllm.attention_op import (
 from dspark_compile.integrations.vllm.config import (
     ADDITIONAL_CONFIG_KEY, SUPPORTED_METHODS, WindowOverrides, attention_is_split_out,
     resolve_window_config)
-from dspark_compile.integrations.vllm.draft_window_pass import DraftWindowInductorPass
+from dspark_compile.integrations.vllm.inductor_pass import DraftWindowInductorPass
 from dspark_compile.integrations.vllm.metadata import (
     SUPPORTED_BACKENDS, StepWindows, WindowBuffers, kernel_block_size,
     window_attention_metadata)
