@@ -28,11 +28,11 @@ class WindowOverrides:
     future_offset: Optional[int] = None
 
     def __post_init__(self) -> None:
-        # Validate now (not at the first compile): same rules and messages as the
-        # foundation's config; a method given here must be a window method.
-        probe = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        if probe:
-            DraftWindowConfig(**{"draft_window_size": 1 << 30, **probe})
+        # Validate now, not at the first compile: the foundation's rules and
+        # messages (future_offset < W is checked once W is known).
+        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if given:
+            DraftWindowConfig(**given)
 
 
 def additional_window_size(vllm_config: Any) -> Optional[Any]:
