@@ -22,14 +22,18 @@ def test_windowed_metadata_gives_the_windowed_reference_attention():
                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    # draft layers == windowed reference; target == full reference
-    for name in DRAFT + (TARGET,):
-        assert report["errors"][name] < 1e-5, (name, report)
-    # and the window changes the answer there (the check is not vacuous)
-    assert min(report["window_effect"][name] for name in DRAFT) > 1e-2, report
-    assert report["window_start"] == [48, 0]          # W=20, b=16: 71+0-20=51 -> 48
-    assert sorted(report["graph_attention_ops"]) == sorted(
-        ["dspark.unified_attention_with_output_windowed.default"] * 2
-        + ["vllm.unified_attention_with_output.default"])
-    assert report["windowed_metadata_objects"] == 1   # two draft layers, one window
-    assert report["metadata_unchanged"]               # vLLM's metadata object untouched
+    # one compiled graph: draft calls rewritten, the target call left as vLLM's
+    [ops] = report["graph_attention_ops"]
+    assert sorted(ops) == sorted(["dspark.unified_attention_with_output_windowed.default"] * 2
+                                 + ["vllm.unified_attention_with_output.default"]), ops
+    # W=20, b=16: seq_len 71 -> start 48; 40 -> 16; shorter than the window -> 0
+    assert report["causal"]["window_start"] == [48, 0]
+    assert report["decode"]["window_start"] == [48, 0, 16, 0, 0]
+    for step in ("causal", "decode", "noncausal"):   # 2D, 3D split-K, non-causal kernels
+        result = report[step]
+        for name in DRAFT + (TARGET,):   # draft == windowed reference, target == full
+            assert result["errors"][name] < 1e-5, (step, name, result)
+        # the window changes the answer there, so the comparison is not vacuous
+        assert min(result["window_effect"][name] for name in DRAFT) > 1e-2, (step, result)
+        assert result["windowed_metadata_objects"] == 1   # two draft layers, one window
+        assert result["metadata_unchanged"]               # vLLM's metadata object untouched

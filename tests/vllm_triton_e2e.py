@@ -27,7 +27,7 @@ from vllm.compilation.passes.inductor_pass import (  # noqa: E402
     CallableInductorPass, pass_context)
 from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.config.utils import Range  # noqa: E402
-from vllm.forward_context import set_forward_context  # noqa: E402
+from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402
 from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
 from vllm.triton_utils import HAS_TRITON  # noqa: E402
 from vllm.v1.attention.backends.triton_attn import (  # noqa: E402
@@ -65,16 +65,93 @@ def split_cache(kv_cache):
     return cache[..., :HEAD_DIM], cache[..., HEAD_DIM:]
 
 
-def metadata(seq_lens, query_start_loc, block_table, slot_mapping, num_tokens):
-    segments = 16
+def metadata(seq_lens, query_start_loc, block_table, slot_mapping, causal, threshold_3d):
+    segments, num_tokens = 16, int(query_start_loc[-1])
     return TritonAttentionMetadata(
-        num_actual_tokens=num_tokens, max_query_len=int((query_start_loc[1:] - query_start_loc[:-1]).max()),
+        num_actual_tokens=num_tokens,
+        max_query_len=int((query_start_loc[1:] - query_start_loc[:-1]).max()),
         query_start_loc=query_start_loc, max_seq_len=int(seq_lens.max()), seq_lens=seq_lens,
-        block_table=block_table, slot_mapping=slot_mapping, seq_threshold_3D=0,
+        block_table=block_table, slot_mapping=slot_mapping, seq_threshold_3D=threshold_3d,
         num_par_softmax_segments=segments,
         softmax_segm_output=torch.empty(num_tokens, HEADS, segments, HEAD_DIM),
         softmax_segm_max=torch.empty(num_tokens, HEADS, segments),
-        softmax_segm_expsum=torch.empty(num_tokens, HEADS, segments), causal=True)
+        softmax_segm_expsum=torch.empty(num_tokens, HEADS, segments), causal=causal)
+
+
+# Each step has 5 query tokens (one compiled graph serves all):
+#  causal: a long request (windowed) and one shorter than a block; 2D kernel
+#  decode: five single-token requests, split-K threshold above them; 3D kernel
+#  noncausal: a DFlash-style block whose queries see each other; 2D kernel
+STEPS = {
+    "causal": dict(seq_lens=[71, 9], q_lens=[3, 2], causal=True, threshold_3d=0),
+    "decode": dict(seq_lens=[71, 9, 40, 16, 33], q_lens=[1] * 5, causal=True, threshold_3d=64),
+    "noncausal": dict(seq_lens=[75, 30], q_lens=[4, 1], causal=False, threshold_3d=0),
+}
+NUM_TOKENS, NUM_BLOCKS = 5, 32
+
+
+def make_batch(seq_lens, q_lens):
+    """Block table (distinct random blocks per request), query_start_loc, slot_mapping."""
+    seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+    width = 6
+    table = torch.randperm(NUM_BLOCKS)[: len(seq_lens) * width].view(-1, width).int()
+    query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    positions = torch.cat([torch.arange(int(s) - n, int(s)) for s, n in zip(seq_lens, q_lens)])
+    req = torch.repeat_interleave(torch.arange(len(q_lens)), torch.tensor(q_lens))
+    slots = table[req, positions // BLOCK].long() * BLOCK + positions % BLOCK
+    return seq_lens, table, query_start_loc, slots
+
+
+def run_step(compiled, model, names, config, step):
+    seq_lens, table, query_start_loc, slots = make_batch(step["seq_lens"], step["q_lens"])
+    q = torch.randn(len(names), NUM_TOKENS, HEADS * HEAD_DIM)
+    k = torch.randn(len(names), NUM_TOKENS, KV_HEADS * HEAD_DIM)
+    v = torch.randn(len(names), NUM_TOKENS, KV_HEADS * HEAD_DIM)
+    for i, layer in enumerate(model.attn):
+        layer.kv_cache = torch.randn(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * HEAD_DIM)
+        # This step's K/V at their absolute slots. vLLM's own KV-update kernel
+        # (triton_reshape_and_cache_flash) asks torch.cuda for the device
+        # capability and cannot run on CPU, so the forward context below
+        # carries no slot_mapping (vLLM then skips the update) and the write
+        # is done here with the reference.
+        key_cache, value_cache = split_cache(layer.kv_cache)
+        reshape_and_cache_ref(k[i].view(NUM_TOKENS, KV_HEADS, HEAD_DIM),
+                              v[i].view(NUM_TOKENS, KV_HEADS, HEAD_DIM),
+                              key_cache, value_cache, slots)
+    causal, threshold = step["causal"], step["threshold_3d"]
+    draft_md = metadata(seq_lens, query_start_loc, table, slots, causal, threshold)
+    target_md = metadata(seq_lens.clone(), query_start_loc, table.clone(), slots, causal,
+                         threshold)
+    attn_metadata = {DRAFT[0]: draft_md, DRAFT[1]: draft_md, TARGET: target_md}
+    original = (seq_lens.clone(), table.clone())
+    with set_current_vllm_config(config), pass_context(Range(start=1, end=NUM_TOKENS)), \
+            set_forward_context(attn_metadata, config, slot_mapping={}):
+        outs = compiled(q, k, v)
+        step_cache = get_forward_context().additional_kwargs.get(
+            "dspark_windowed_attn_metadata", {})
+
+    scale = HEAD_DIM ** -0.5
+    start = compute_window(seq_lens, WINDOW, BLOCK, 0).start
+    errors, window_effect = {}, {}
+    for i, (name, layer) in enumerate(zip(names, model.attn)):
+        key_cache, value_cache = split_cache(layer.kv_cache)
+        query = q[i].view(NUM_TOKENS, HEADS, HEAD_DIM)
+        full = paged_attention_ref(query, key_cache, value_cache, table, seq_lens,
+                                   query_start_loc, scale, causal)
+        windowed = paged_attention_ref(query, key_cache, value_cache, table, seq_lens,
+                                       query_start_loc, scale, causal, kv_start=start)
+        expected = windowed if name in DRAFT else full
+        out = outs[i].view(NUM_TOKENS, HEADS, HEAD_DIM)
+        errors[name] = float((out - expected).abs().max())
+        window_effect[name] = float((windowed - full).abs().max())
+    return {
+        "errors": errors, "window_effect": window_effect,
+        "windowed_metadata_objects": len(step_cache),
+        "metadata_unchanged": bool(torch.equal(draft_md.seq_lens, original[0])
+                                   and torch.equal(draft_md.block_table, original[1])),
+        "window_start": start.tolist(),
+    }
 
 
 def main() -> None:
@@ -91,30 +168,6 @@ def main() -> None:
     for name in DRAFT:
         layers[name].is_draft_layer = True  # what vLLM's proposer load_model does
 
-    # Two requests: a long one (windowed) and one shorter than a block.
-    seq_lens = torch.tensor([71, 9], dtype=torch.int32)
-    q_lens = [3, 2]
-    query_start_loc = torch.tensor([0, 3, 5], dtype=torch.int32)
-    num_tokens, num_blocks = 5, 12
-    block_table = torch.tensor([[3, 7, 1, 9, 4], [5, 0, 0, 0, 0]], dtype=torch.int32)
-    positions = torch.cat([torch.arange(int(s) - n, int(s)) for s, n in zip(seq_lens, q_lens)])
-    req = torch.repeat_interleave(torch.arange(2), torch.tensor(q_lens))
-    slot_mapping = (block_table[req, positions // BLOCK].long() * BLOCK + positions % BLOCK)
-    q = torch.randn(len(names), num_tokens, HEADS * HEAD_DIM)
-    k = torch.randn(len(names), num_tokens, KV_HEADS * HEAD_DIM)
-    v = torch.randn(len(names), num_tokens, KV_HEADS * HEAD_DIM)
-    for i, layer in enumerate(model.attn):
-        layer.kv_cache = torch.randn(num_blocks, KV_HEADS, BLOCK, 2 * HEAD_DIM)
-        # This step's K/V at their absolute slots. vLLM's own KV-update kernel
-        # (triton_reshape_and_cache_flash) asks torch.cuda for the device
-        # capability and cannot run on CPU, so the forward context below
-        # carries no slot_mapping (vLLM then skips the update) and the write
-        # is done here with the reference.
-        key_cache, value_cache = split_cache(layer.kv_cache)
-        reshape_and_cache_ref(k[i].view(num_tokens, KV_HEADS, HEAD_DIM),
-                              v[i].view(num_tokens, KV_HEADS, HEAD_DIM),
-                              key_cache, value_cache, slot_mapping)
-
     manager = cpu_pass_manager(config)
     manager.add(config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"])
     seen = []
@@ -129,40 +182,10 @@ def main() -> None:
         return compile_fx(gm, example_inputs, config_patches=patches)
 
     compiled = torch.compile(model, backend=backend, fullgraph=True)
-    draft_md = metadata(seq_lens, query_start_loc, block_table, slot_mapping, num_tokens)
-    target_md = metadata(seq_lens.clone(), query_start_loc, block_table.clone(), slot_mapping,
-                         num_tokens)
-    attn_metadata = {DRAFT[0]: draft_md, DRAFT[1]: draft_md, TARGET: target_md}
-    original_seq_lens, original_table = seq_lens.clone(), block_table.clone()
-    with set_current_vllm_config(config), pass_context(Range(start=1, end=num_tokens)), \
-            set_forward_context(attn_metadata, config, slot_mapping={}):
-        from vllm.forward_context import get_forward_context
-
-        outs = compiled(q, k, v)
-        step_cache = get_forward_context().additional_kwargs.get("dspark_windowed_attn_metadata", {})
-
-    scale = HEAD_DIM ** -0.5
-    start = compute_window(seq_lens, WINDOW, BLOCK, 0).start
-    errors, window_effect = {}, {}
-    for i, (name, layer) in enumerate(zip(names, model.attn)):
-        key_cache, value_cache = split_cache(layer.kv_cache)
-        query = q[i].view(num_tokens, HEADS, HEAD_DIM)
-        full = paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                                   query_start_loc, scale, True)
-        windowed = paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                                       query_start_loc, scale, True, kv_start=start)
-        expected = windowed if name in DRAFT else full
-        out = outs[i].view(num_tokens, HEADS, HEAD_DIM)
-        errors[name] = float((out - expected).abs().max())
-        window_effect[name] = float((windowed - full).abs().max())
-    graph_ops = [str(t) for t in seen[0]] if seen else []
-    print(json.dumps({
-        "errors": errors, "window_effect": window_effect, "graph_attention_ops": graph_ops,
-        "windowed_metadata_objects": len(step_cache),
-        "metadata_unchanged": bool(torch.equal(draft_md.seq_lens, original_seq_lens)
-                                   and torch.equal(draft_md.block_table, original_table)),
-        "window_start": start.tolist(),
-    }))
+    report = {name: run_step(compiled, model, names, config, step)
+              for name, step in STEPS.items()}
+    report["graph_attention_ops"] = [[str(t) for t in ops] for ops in seen]
+    print(json.dumps(report))
 
 
 class _Recorder:
