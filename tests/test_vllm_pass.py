@@ -239,6 +239,23 @@ def test_unsupported_draft_backend_fails_at_compile_time():
         DraftWindowInductorPass(method="dflash").apply(graph, config)
 
 
+def test_draft_mla_call_is_reported_not_silently_skipped(caplog):
+    import vllm.model_executor.layers.attention.mla_attention  # noqa: F401  (registers the op)
+
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
+    make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True)])
+    graph = torch.fx.Graph()
+    q, out = graph.placeholder("q"), graph.placeholder("out")
+    mla = torch.ops.vllm.unified_mla_attention_with_output.default
+    call = graph.call_function(auto_functionalized, (mla,), {
+        "q": q, "kv_c_normed": q, "k_pe": q, "output": out, "layer_name": DRAFT_TRITON})
+    graph.output(graph.call_function(operator.getitem, (call, 1)))
+    with caplog.at_level(logging.WARNING):
+        stats = DraftWindowInductorPass(method="dflash").apply(graph, config)
+    assert stats["draft_mla_unwindowed"] == 1 and call.args[0] is mla
+    assert f"draft layer {DRAFT_TRITON} uses MLA attention" in caplog.text
+
+
 def test_unknown_layer_left_unwindowed_with_a_warning(caplog):
     config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
     graph, call = one_call_graph("nowhere.attn")

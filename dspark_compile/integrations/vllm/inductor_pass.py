@@ -81,7 +81,7 @@ class DraftWindowInductorPass(InductorPass):
             vllm_config = get_current_vllm_config_or_none()
         config = self.window_config(vllm_config)
         stats = {"attention_calls": 0, "draft_rewritten": 0, "target_untouched": 0,
-                 "unknown_untouched": 0}
+                 "unknown_untouched": 0, "draft_mla_unwindowed": 0}
         if not config.enabled:
             _log_window_off_once(config)
             return stats
@@ -91,7 +91,10 @@ class DraftWindowInductorPass(InductorPass):
         new_op = attention_op.windowed_attention_op()
         for node in list(graph.nodes):
             functionalized = node.op == "call_function" and node.target in _FUNCTIONALIZED
-            if not (functionalized and node.args[0] is op) and node.target is not op:
+            target = node.args[0] if functionalized else node.target
+            if target is _mla_op():
+                _warn_if_draft_mla(node, functionalized, layers, stats)
+            if target is not op:
                 continue
             stats["attention_calls"] += 1
             name = _layer_name(node, functionalized)
@@ -133,6 +136,22 @@ def _retarget(node: torch.fx.Node, functionalized: bool, new_op: Any,
         if functionalized:
             args = (new_op,) + tuple(args[1:])
         node.meta["eager_input_vals"] = (args, {**kwargs, **extra})
+
+
+def _mla_op() -> Any:
+    mla = getattr(torch.ops.vllm, "unified_mla_attention_with_output", None)
+    return None if mla is None else mla.default
+
+
+def _warn_if_draft_mla(node: torch.fx.Node, functionalized: bool, layers: dict[str, Any],
+                       stats: dict[str, int]) -> None:
+    name = _layer_name(node, functionalized)
+    if not getattr(layers.get(name), "is_draft_layer", False):
+        return
+    stats["draft_mla_unwindowed"] += 1
+    logger.warning("dspark draft window: draft layer %s uses MLA attention "
+                   "(vllm::unified_mla_attention_with_output), which the window does not "
+                   "support yet; its attention is left unwindowed", name)
 
 
 def _layer_name(node: torch.fx.Node, functionalized: bool) -> Optional[str]:
