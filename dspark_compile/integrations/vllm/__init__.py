@@ -1,0 +1,39 @@
+"""vLLM integration: the draft KV window as a vLLM post-grad custom pass.
+
+Importing this package imports vLLM (an optional dependency) and registers
+``torch.ops.dspark.unified_attention_with_output_windowed``. vLLM users hand
+``DraftWindowInductorPass`` to ``compilation_config`` (see README, "vLLM"),
+most simply by the qualname ``"dspark_compile_vllm.draft_window_pass"``.
+"""
+
+import logging
+
+from dspark_compile.integrations.vllm.attention_op import (
+    OP_NAME, unified_attention_with_output_windowed, windowed_attention_op)
+from dspark_compile.integrations.vllm.config import (
+    ADDITIONAL_CONFIG_KEY, SUPPORTED_METHODS, WindowOverrides, attention_is_split_out,
+    resolve_window_config)
+from dspark_compile.integrations.vllm.inductor_pass import DraftWindowInductorPass
+from dspark_compile.integrations.vllm.metadata import (
+    SUPPORTED_BACKENDS, StepWindows, WindowBuffers, kernel_block_size,
+    window_attention_metadata)
+
+logger = logging.getLogger(__name__)
+
+
+def register_plugin() -> None:
+    """``vllm.general_plugins`` entry point: registers the dspark ops in this process.
+
+    vLLM calls it in every process (engine core, workers) before models are
+    built; the import above already did the work, so calling it twice is fine.
+    """
+    logger.debug("dspark vLLM plugin loaded: torch.ops.dspark.%s registered", OP_NAME)
+
+
+__all__ = [
+    "ADDITIONAL_CONFIG_KEY", "DraftWindowInductorPass", "OP_NAME", "SUPPORTED_BACKENDS",
+    "SUPPORTED_METHODS", "StepWindows", "WindowBuffers", "WindowOverrides",
+    "attention_is_split_out", "kernel_block_size", "register_plugin", "resolve_window_config",
+    "unified_attention_with_output_windowed", "window_attention_metadata",
+    "windowed_attention_op",
+]

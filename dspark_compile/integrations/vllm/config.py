@@ -1,0 +1,88 @@
+"""The draft window's config as read from a vLLM ``VllmConfig``.
+
+``draft_window_size`` comes from ``vllm_config.additional_config`` (the key
+vllm-ascend uses), ``method`` and ``num_speculative_tokens`` from
+``vllm_config.speculative_config``; explicit values override both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from dspark_compile.config import DraftWindowConfig
+
+ADDITIONAL_CONFIG_KEY = "draft_window_size"
+# vLLM speculative methods the window knows the future offset of (DESIGN.md 1.1).
+SUPPORTED_METHODS = ("eagle3", "dflash", "dspark", "mtp")
+ATTENTION_OP = "vllm::unified_attention_with_output"
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowOverrides:
+    """Explicit settings that win over what the ``VllmConfig`` says (``None``: read it)."""
+
+    draft_window_size: Optional[int] = None
+    method: Optional[str] = None
+    num_speculative_tokens: Optional[int] = None
+    future_offset: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        # Validate now, not at the first compile: the foundation's rules and
+        # messages (future_offset < W is checked once W is known).
+        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if given:
+            DraftWindowConfig(**given)
+
+
+def additional_window_size(vllm_config: Any) -> Optional[Any]:
+    """``additional_config["draft_window_size"]`` (dict or attribute), or None."""
+    extra = getattr(vllm_config, "additional_config", None)
+    if extra is None:
+        return None
+    if isinstance(extra, dict):
+        return extra.get(ADDITIONAL_CONFIG_KEY)
+    return getattr(extra, ADDITIONAL_CONFIG_KEY, None)
+
+
+def resolve_window_config(vllm_config: Any, overrides: WindowOverrides = WindowOverrides(),
+                          ) -> DraftWindowConfig:
+    """The window config for ``vllm_config`` (may be None: overrides only).
+
+    Returns a disabled config when no window size is set anywhere. Raises ``ValueError`` naming the setting, its value and what
+    is allowed for a bad window size, an unsupported speculative method, or a
+    window without a speculative config.
+    """
+    window = overrides.draft_window_size
+    if window is None and vllm_config is not None:
+        window = additional_window_size(vllm_config)
+    if window is None:
+        return DraftWindowConfig()
+    spec = getattr(vllm_config, "speculative_config", None)
+    method = overrides.method
+    if method is None:
+        if spec is None:
+            raise ValueError(
+                f"draft_window_size={window!r} is set but vllm_config.speculative_config is "
+                "None: the window applies to a speculative-decoding draft model; set "
+                "speculative_config (method eagle3, dflash or dspark) or pass method= to the pass")
+        method = spec.method
+        if method not in SUPPORTED_METHODS:
+            raise ValueError(
+                f"speculative_config.method={method!r} is not supported by the draft window: "
+                f"expected one of {', '.join(SUPPORTED_METHODS)} (or pass method= to the pass "
+                "to state which future offset the draft uses)")
+    num_tokens = overrides.num_speculative_tokens
+    if num_tokens is None:
+        num_tokens = getattr(spec, "num_speculative_tokens", None) or 1
+    return DraftWindowConfig(draft_window_size=window, method=method,
+                             num_speculative_tokens=num_tokens,
+                             future_offset=overrides.future_offset)
+
+
+def attention_is_split_out(vllm_config: Any) -> bool:
+    """True when vLLM splits the graph at attention, so post-grad passes never see it."""
+    compilation = getattr(vllm_config, "compilation_config", None)
+    if compilation is None or compilation.use_inductor_graph_partition:
+        return False
+    return ATTENTION_OP in (compilation.splitting_ops or ())

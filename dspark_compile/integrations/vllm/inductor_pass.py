@@ -1,0 +1,207 @@
+"""vLLM ``InductorPass`` that routes draft attention calls through the draft window.
+
+It rewrites ``vllm::unified_attention_with_output`` calls of DRAFT layers
+(functionalized v1/v2 or direct) into
+``dspark::unified_attention_with_output_windowed`` with the same arguments
+plus ``window_size`` and ``future_offset``; target-layer calls, the KV-cache
+update op and slot_mapping are untouched.
+
+A layer is a draft layer when vLLM's proposer marked it: it sets
+``is_draft_layer = True`` on every attention layer the draft model added
+(``vllm/v1/spec_decode/llm_base_proposer.py`` ``load_model``) before the first
+compile. Layer names are read from the call (a string, a ``LayerName``, or a
+hoisted ``LayerName`` graph input whose fake value keeps the real object) and
+looked up in ``compilation_config.static_forward_context``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch._higher_order_ops.auto_functionalize import (
+    auto_functionalized, auto_functionalized_v2)
+
+from vllm.compilation.passes.inductor_pass import InductorPass
+from vllm.config import get_current_vllm_config_or_none
+from vllm.utils.torch_utils import LayerName
+
+from dspark_compile.config import DraftWindowConfig
+from dspark_compile.integrations.vllm import attention_op
+from dspark_compile.integrations.vllm.config import (
+    ADDITIONAL_CONFIG_KEY, WindowOverrides, attention_is_split_out, resolve_window_config)
+from dspark_compile.integrations.vllm.metadata import SUPPORTED_BACKENDS
+
+logger = logging.getLogger(__name__)
+
+_FUNCTIONALIZED = (auto_functionalized, auto_functionalized_v2)
+_warned_split_out = False
+_logged_off = False
+
+
+class DraftWindowInductorPass(InductorPass):
+    """Draft KV sliding window as a vLLM post-grad custom pass.
+
+    Arguments override what the current ``VllmConfig`` says
+    (``additional_config["draft_window_size"]``, ``speculative_config.method``
+    and ``.num_speculative_tokens``); ``None`` reads it. The config is resolved
+    against the current vLLM config (set by vLLM while it compiles), so one
+    module-level instance serves every engine. ``uuid()`` covers the resolved
+    config: two window sizes never share a compile-cache entry.
+    """
+
+    def __init__(self, draft_window_size: Optional[int] = None, method: Optional[str] = None,
+                 num_speculative_tokens: Optional[int] = None,
+                 future_offset: Optional[int] = None) -> None:
+        self.overrides = WindowOverrides(draft_window_size, method, num_speculative_tokens,
+                                         future_offset)
+
+    def window_config(self, vllm_config: Any = None) -> DraftWindowConfig:
+        """Resolved config for ``vllm_config`` (default: vLLM's current config)."""
+        if vllm_config is None:
+            vllm_config = get_current_vllm_config_or_none()
+        return resolve_window_config(vllm_config, self.overrides)
+
+    def uuid(self) -> str:
+        return InductorPass.hash_dict({
+            "source": InductorPass.hash_source(self, attention_op.unified_attention_with_output_windowed),
+            "window": self.window_config().as_dict(),
+        })
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        stats = self.apply(graph)
+        logger.info("dspark draft window pass: %s",
+                    ", ".join(f"{k}={v}" for k, v in stats.items()))
+
+    def apply(self, graph: torch.fx.Graph, vllm_config: Any = None) -> dict[str, int]:
+        """Rewrite ``graph`` in place; returns counters of what was found and done."""
+        if vllm_config is None:
+            vllm_config = get_current_vllm_config_or_none()
+        config = self.window_config(vllm_config)
+        stats = {"attention_calls": 0, "draft_rewritten": 0, "target_untouched": 0,
+                 "unknown_untouched": 0, "draft_mla_unwindowed": 0}
+        if not config.enabled:
+            _log_window_off_once(config)
+            return stats
+        _warn_if_attention_split_out(vllm_config)
+        layers = _static_layers(vllm_config)
+        op = torch.ops.vllm.unified_attention_with_output.default
+        new_op = attention_op.windowed_attention_op()
+        for node in list(graph.nodes):
+            functionalized = node.op == "call_function" and node.target in _FUNCTIONALIZED
+            target = node.args[0] if functionalized else node.target
+            if target is _mla_op():
+                _warn_if_draft_mla(node, functionalized, layers, stats)
+            if target is not op:
+                continue
+            stats["attention_calls"] += 1
+            name = _layer_name(node, functionalized)
+            layer = layers.get(name) if name is not None else None
+            if layer is None:
+                stats["unknown_untouched"] += 1
+                logger.warning("dspark draft window: cannot tell whether attention call %s "
+                               "(layer %r) belongs to the draft: no such layer in "
+                               "static_forward_context; left unwindowed", node.name, name)
+                continue
+            if not getattr(layer, "is_draft_layer", False):
+                stats["target_untouched"] += 1
+                continue
+            _check_backend(name, layer)
+            extra = {"window_size": config.draft_window_size,
+                     "future_offset": config.resolved_future_offset}
+            _retarget(node, functionalized, new_op, extra)
+            stats["draft_rewritten"] += 1
+        graph.lint()
+        return stats
+
+
+def _retarget(node: torch.fx.Node, functionalized: bool, new_op: Any,
+              extra: dict[str, int]) -> None:
+    """Point a call at ``new_op`` with ``extra`` kwargs, keeping its meta consistent.
+
+    Inductor re-traces ``auto_functionalized`` nodes from
+    ``meta["eager_input_vals"]`` (same structure as args/kwargs), so it is
+    updated alongside.
+    """
+    if functionalized:
+        node.args = (new_op,) + tuple(node.args[1:])
+    else:
+        node.target = new_op
+    node.kwargs = {**node.kwargs, **extra}
+    eager = node.meta.get("eager_input_vals")
+    if eager is not None:
+        args, kwargs = eager
+        if functionalized:
+            args = (new_op,) + tuple(args[1:])
+        node.meta["eager_input_vals"] = (args, {**kwargs, **extra})
+
+
+def _mla_op() -> Any:
+    mla = getattr(torch.ops.vllm, "unified_mla_attention_with_output", None)
+    return None if mla is None else mla.default
+
+
+def _warn_if_draft_mla(node: torch.fx.Node, functionalized: bool, layers: dict[str, Any],
+                       stats: dict[str, int]) -> None:
+    name = _layer_name(node, functionalized)
+    if not getattr(layers.get(name), "is_draft_layer", False):
+        return
+    stats["draft_mla_unwindowed"] += 1
+    logger.warning("dspark draft window: draft layer %s uses MLA attention "
+                   "(vllm::unified_mla_attention_with_output), which the window does not "
+                   "support yet; its attention is left unwindowed", name)
+
+
+def _layer_name(node: torch.fx.Node, functionalized: bool) -> Optional[str]:
+    """The layer name a call reads: constant str/LayerName or hoisted LayerName input."""
+    if functionalized:
+        value = node.kwargs.get("layer_name")
+    else:
+        value = node.args[4] if len(node.args) > 4 else node.kwargs.get("layer_name")
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("val")
+        value = getattr(value, "real_obj", value)  # FakeScriptObject of a hoisted input
+    if isinstance(value, LayerName):
+        return value.value
+    return value if isinstance(value, str) else None
+
+
+def _static_layers(vllm_config: Any) -> dict[str, Any]:
+    compilation = getattr(vllm_config, "compilation_config", None)
+    return getattr(compilation, "static_forward_context", None) or {}
+
+
+def _check_backend(name: str, layer: Any) -> None:
+    backend = getattr(layer, "attn_backend", None)
+    backend_name = backend.get_name() if backend is not None else None
+    if backend_name not in SUPPORTED_BACKENDS:
+        raise ValueError(
+            f"draft layer {name} uses attention backend {backend_name!r}: the draft window "
+            f"supports {', '.join(SUPPORTED_BACKENDS)} (set speculative_config's "
+            "attention_backend to one of them)")
+
+
+def _warn_if_attention_split_out(vllm_config: Any) -> None:
+    global _warned_split_out
+    if _warned_split_out or not attention_is_split_out(vllm_config):
+        return
+    _warned_split_out = True
+    logger.warning(
+        "dspark draft window is ON but does nothing: vLLM splits the graph at attention "
+        "(compilation_config.splitting_ops contains vllm::unified_attention_with_output), "
+        "so post-grad passes never see attention calls. Set compilation_config "
+        "\"splitting_ops\": [] or \"use_inductor_graph_partition\": true")
+
+
+def _log_window_off_once(config: DraftWindowConfig) -> None:
+    global _logged_off
+    if _logged_off:
+        return
+    _logged_off = True
+    reason = ("method='mtp' (the window would window the target's own layers)"
+              if config.method == "mtp" else
+              f"no {ADDITIONAL_CONFIG_KEY!r} in vllm_config.additional_config and none "
+              "passed to the pass")
+    logger.info("dspark draft window off: %s; graphs left unchanged", reason)

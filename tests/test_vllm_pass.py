@@ -1,0 +1,301 @@
+"""The draft-window pass inside real vLLM 0.33.0: config, PostGradPassManager, graphs."""
+
+import copy
+import logging
+import operator
+import pickle
+import tomllib
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+import torch
+from torch._higher_order_ops.auto_functionalize import auto_functionalized
+from vllm.compilation.passes.inductor_pass import CallableInductorPass, pass_context
+from vllm.config import CompilationConfig, SpeculativeConfig, set_current_vllm_config
+from vllm.config.utils import Range
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.layers.attention.attention import Attention
+from vllm.v1.attention.backends.flex_attention import FlexAttentionBackend
+from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+import dspark_compile_vllm
+from dspark_compile.integrations.vllm import DraftWindowInductorPass
+from tests.vllm_helpers import cpu_pass_manager, cpu_vllm_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PASS_QUALNAME = "dspark_compile_vllm.draft_window_pass"
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+DRAFT_TRITON = "draft.layers.0.self_attn.attn"
+DRAFT_TRITON_2 = "draft.layers.1.self_attn.attn"
+TARGET = "model.layers.0.self_attn.attn"
+DRAFT_FLEX = "draft.layers.2.self_attn.attn"
+ATTENTION_OP = torch.ops.vllm.unified_attention_with_output.default
+
+
+def make_layers(config, specs):
+    """Real vLLM Attention layers registered in ``config``'s static forward context."""
+    with set_current_vllm_config(config):
+        layers = [Attention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, num_kv_heads=KV_HEADS,
+                            prefix=name, attn_backend=backend) for name, backend, _ in specs]
+    for layer, (_, _, is_draft) in zip(layers, specs):
+        layer.use_direct_call = False   # as on CUDA: the model calls torch.ops.vllm.*
+        layer.is_draft_layer = is_draft  # what vLLM's proposer load_model sets
+    return layers
+
+
+class Model(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.attn = torch.nn.ModuleList(layers)
+
+    def forward(self, q, k, v):
+        return sum(layer(q, k, v) for layer in self.attn)
+
+
+def one_call_graph(layer_name):
+    """Post-grad shape of one attention call: auto_functionalized(vllm op, layer_name=...)."""
+    graph = torch.fx.Graph()
+    q, out = graph.placeholder("q"), graph.placeholder("out")
+    call = graph.call_function(auto_functionalized, (ATTENTION_OP,), {
+        "query": q, "key": q, "value": q, "output": out, "layer_name": layer_name,
+        "output_scale": None, "output_block_scale": None, "kv_cache_dummy_dep": None})
+    graph.output(graph.call_function(operator.getitem, (call, 1)))
+    return graph, call
+
+
+@pytest.fixture(scope="module")
+def compiled_graphs():
+    """One real compile: two draft layers and a target layer, eagle3 K=3.
+
+    (vLLM's FlashAttentionImpl cannot be built without a GPU: "FlashAttention
+    version not detected"; its metadata is covered in test_vllm_metadata.py.)
+    """
+    config = cpu_vllm_config(
+        {"splitting_ops": [], "inductor_compile_config": {"post_grad_custom_post_pass":
+            DraftWindowInductorPass(method="eagle3", num_speculative_tokens=3)}},
+        additional_config={"draft_window_size": 64})
+    layers = make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True),
+                                  (TARGET, TritonAttentionBackend, False),
+                                  (DRAFT_TRITON_2, TritonAttentionBackend, True)])
+    manager = cpu_pass_manager(config)
+    # added exactly as vllm/compilation/backends.py configure_post_pass does
+    manager.add(config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"])
+    graphs = []
+    manager.add(CallableInductorPass(lambda graph: graphs.append(copy.deepcopy(graph)),
+                                     uuid="recorder"))
+
+    def backend(gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = dict(config.compilation_config.inductor_compile_config)
+        patches.update(post_grad_custom_post_pass=manager, fx_graph_cache=False)
+        return compile_fx(gm, example_inputs, config_patches=patches)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(Model(layers), backend=backend, fullgraph=True)
+    q, kv = torch.randn(5, HEADS * HEAD_DIM), torch.randn(5, KV_HEADS * HEAD_DIM)
+    # attn_metadata None: vLLM's profile-run path (attention writes zeros, no KV write)
+    with set_current_vllm_config(config), pass_context(Range(start=1, end=8)), \
+            set_forward_context({layer.layer_name: None for layer in layers}, config,
+                                slot_mapping={}):
+        out = compiled(q, kv, kv)
+    torch._dynamo.reset()
+    return graphs, out
+
+
+def _calls(graph):
+    """(op, layer name, extra kwargs) of every attention-like call in a graph."""
+    found = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not auto_functionalized:
+            continue
+        value = node.kwargs.get("layer_name")
+        if isinstance(value, torch.fx.Node):
+            value = getattr(value.meta["val"], "real_obj", value.meta["val"])
+        name = getattr(value, "value", value)
+        found.append((str(node.args[0]), name,
+                      {k: node.kwargs[k] for k in ("window_size", "future_offset")
+                       if k in node.kwargs}))
+    return found
+
+
+def test_draft_calls_rewritten_target_and_kv_update_untouched(compiled_graphs):
+    graphs, out = compiled_graphs
+    assert len(graphs) == 1 and torch.equal(out, torch.zeros_like(out))
+    calls = _calls(graphs[0])
+    attention = {name: (op, extra) for op, name, extra in calls if "kv_cache_update" not in op}
+    window = {"window_size": 64, "future_offset": 3}
+    assert attention == {
+        DRAFT_TRITON: ("dspark.unified_attention_with_output_windowed.default", window),
+        DRAFT_TRITON_2: ("dspark.unified_attention_with_output_windowed.default", window),
+        TARGET: ("vllm.unified_attention_with_output.default", {}),
+    }
+    ops = [str(n.target) for n in graphs[0].nodes if n.op == "call_function"]
+    assert ops.count("vllm.unified_kv_cache_update.default") == 3
+
+
+def test_qualname_resolves_to_our_instance_through_compilation_config():
+    compilation = CompilationConfig(
+        inductor_passes={"post_grad_custom_post_pass": PASS_QUALNAME})
+    resolved = compilation.inductor_compile_config["post_grad_custom_post_pass"]
+    assert resolved is dspark_compile_vllm.draft_window_pass  # not a CallableInductorPass
+    assert isinstance(resolved, DraftWindowInductorPass)
+
+
+def test_uuid_covers_the_window_and_survives_pickle():
+    configs = {w: cpu_vllm_config({"splitting_ops": []},
+                                  speculative_config=_ngram(), additional_config={
+                                      "draft_window_size": w}) for w in (64, 128)}
+    graph_pass = DraftWindowInductorPass(method="dflash")
+    uuids = {}
+    for window, config in configs.items():
+        with set_current_vllm_config(config):
+            uuids[window] = graph_pass.uuid()
+            assert graph_pass.uuid() == uuids[window]
+            clone = pickle.loads(pickle.dumps(graph_pass))
+            assert clone.uuid() == uuids[window] and copy.deepcopy(graph_pass).uuid() == uuids[window]
+            manager = cpu_pass_manager(config)
+            manager.add(graph_pass)
+            with pass_context(Range(start=1, end=8)):
+                uuids[("manager", window)] = manager.uuid()
+    assert uuids[64] != uuids[128]
+    assert uuids[("manager", 64)] != uuids[("manager", 128)]
+    # explicit constructor arguments win over the VllmConfig
+    with set_current_vllm_config(configs[64]):
+        assert DraftWindowInductorPass(draft_window_size=128, method="dflash").uuid() == uuids[128]
+    assert DraftWindowInductorPass(draft_window_size=64, method="dflash").uuid() != \
+        DraftWindowInductorPass(draft_window_size=64, method="eagle3").uuid()
+
+
+def _ngram(num_speculative_tokens=3):
+    # The one speculative method vLLM builds without downloading a draft model.
+    return SpeculativeConfig(method="ngram", num_speculative_tokens=num_speculative_tokens,
+                             prompt_lookup_max=4, prompt_lookup_min=1)
+
+
+def test_missing_additional_config_is_a_noop_with_one_info_log(caplog, monkeypatch):
+    import dspark_compile.integrations.vllm.inductor_pass as module
+
+    monkeypatch.setattr(module, "_logged_off", False)
+    config = cpu_vllm_config({"splitting_ops": []})
+    make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True)])
+    graph, call = one_call_graph(DRAFT_TRITON)
+    before = str(graph)
+    with caplog.at_level(logging.INFO, logger=module.__name__):
+        for _ in range(2):
+            stats = dspark_compile_vllm.draft_window_pass.apply(graph, config)
+    assert str(graph) == before and call.args[0] is ATTENTION_OP
+    assert stats["draft_rewritten"] == 0
+    infos = [r for r in caplog.records if "draft window off" in r.getMessage()]
+    assert len(infos) == 1 and "additional_config" in infos[0].getMessage()
+
+
+EAGLE3 = {"method": "eagle3"}
+
+
+@pytest.mark.parametrize("window,spec,overrides,match", [
+    (0, True, EAGLE3, "draft_window_size=0 is invalid: expected a positive int"),
+    ("2048", True, EAGLE3, "draft_window_size='2048' is invalid"),
+    (2, True, EAGLE3, "future_offset=3 is invalid for draft_window_size=2"),
+    (64, True, {}, "speculative_config.method='ngram' is not supported.*"
+                   "eagle3, dflash, dspark, mtp"),
+    (64, False, {}, "speculative_config is None"),
+])
+def test_bad_config_values_raise(window, spec, overrides, match):
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={
+        "draft_window_size": window}, speculative_config=_ngram() if spec else None)
+    with pytest.raises(ValueError, match=match):
+        DraftWindowInductorPass(**overrides).window_config(config)
+
+
+def test_bad_constructor_values_raise_at_construction():
+    with pytest.raises(ValueError, match="draft_window_size=-1 is invalid"):
+        DraftWindowInductorPass(draft_window_size=-1)
+    with pytest.raises(ValueError, match="method='medusa' is invalid"):
+        DraftWindowInductorPass(method="medusa")
+
+
+def test_num_speculative_tokens_read_from_speculative_config():
+    config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(5),
+                             additional_config={"draft_window_size": 64})
+    window = DraftWindowInductorPass(method="eagle3").window_config(config)
+    assert (window.draft_window_size, window.resolved_future_offset) == (64, 5)
+
+
+def test_mtp_disables_the_window_with_a_warning(caplog):
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
+    with caplog.at_level(logging.WARNING):
+        window = DraftWindowInductorPass(method="mtp").window_config(config)
+    assert not window.enabled and "method='mtp'" in caplog.text
+
+
+def test_unsupported_draft_backend_fails_at_compile_time():
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
+    make_layers(config, [(DRAFT_FLEX, FlexAttentionBackend, True)])
+    graph, _ = one_call_graph(DRAFT_FLEX)
+    with pytest.raises(ValueError, match=f"draft layer {DRAFT_FLEX} uses attention backend "
+                                         "'FLEX_ATTENTION'.*supports FLASH_ATTN, TRITON_ATTN"):
+        DraftWindowInductorPass(method="dflash").apply(graph, config)
+
+
+def test_draft_mla_call_is_reported_not_silently_skipped(caplog):
+    import vllm.model_executor.layers.attention.mla_attention  # noqa: F401  (registers the op)
+
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
+    make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True)])
+    graph = torch.fx.Graph()
+    q, out = graph.placeholder("q"), graph.placeholder("out")
+    mla = torch.ops.vllm.unified_mla_attention_with_output.default
+    call = graph.call_function(auto_functionalized, (mla,), {
+        "q": q, "kv_c_normed": q, "k_pe": q, "output": out, "layer_name": DRAFT_TRITON})
+    graph.output(graph.call_function(operator.getitem, (call, 1)))
+    with caplog.at_level(logging.WARNING):
+        stats = DraftWindowInductorPass(method="dflash").apply(graph, config)
+    assert stats["draft_mla_unwindowed"] == 1 and call.args[0] is mla
+    assert f"draft layer {DRAFT_TRITON} uses MLA attention" in caplog.text
+
+
+def test_unknown_layer_left_unwindowed_with_a_warning(caplog):
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
+    graph, call = one_call_graph("nowhere.attn")
+    with caplog.at_level(logging.WARNING):
+        stats = DraftWindowInductorPass(method="dflash").apply(graph, config)
+    assert stats["unknown_untouched"] == 1 and call.args[0] is ATTENTION_OP
+    assert "'nowhere.attn'" in caplog.text
+
+
+def test_attention_split_out_warns_once_naming_the_fix(caplog, monkeypatch):
+    import dspark_compile.integrations.vllm.inductor_pass as module
+
+    monkeypatch.setattr(module, "_warned_split_out", False)
+    config = cpu_vllm_config(additional_config={"draft_window_size": 64})  # default: piecewise
+    graph = torch.fx.Graph()
+    graph.output(graph.placeholder("x"))  # a piecewise submodule: no attention inside
+    with caplog.at_level(logging.WARNING, logger=module.__name__):
+        for _ in range(2):
+            stats = DraftWindowInductorPass(method="dflash").apply(graph, config)
+    warnings = [r.getMessage() for r in caplog.records if r.name == module.__name__]
+    assert stats["attention_calls"] == 0 and len(warnings) == 1
+    assert '"splitting_ops": []' in warnings[0] and "use_inductor_graph_partition" in warnings[0]
+
+
+def _plugin_entry_point():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    [(name, value)] = project["entry-points"]["vllm.general_plugins"].items()
+    return EntryPoint(name=name, value=value, group="vllm.general_plugins")
+
+
+def test_plugin_entry_point_in_pyproject_loads_and_registers_the_op():
+    plugin = _plugin_entry_point().load()
+    plugin()
+    assert torch.ops.dspark.unified_attention_with_output_windowed.default is not None
+
+
+def test_vllm_finds_the_plugin_by_entry_point():
+    """vLLM's own loader (needs the package installed: ``pip install -e .``)."""
+    from vllm.plugins import load_plugins_by_group
+
+    plugins = load_plugins_by_group("vllm.general_plugins")
+    assert _plugin_entry_point().name in plugins
+    plugins[_plugin_entry_point().name]()
