@@ -9,6 +9,8 @@ import logging
 from dspark_compile import ops  # noqa: F401  (registers torch.ops.dspark.*)
 from dspark_compile.backend import dspark_backend, valid_options
 from dspark_compile.config import METHODS, DraftWindowConfig
+from dspark_compile.models.markov_sampling import (
+    DSparkMarkovHead, block_sample_indices, gumbel_noise, sample_sequential)
 from dspark_compile.passes import (
     AttentionOpSpec, DraftWindowPass, PassManager, PassRecord, attention_op_specs,
     clear_pass_records, pass_records, register_attention_op, unregister_attention_op)
@@ -28,4 +30,5 @@ __all__ = [
     "gather_window_block_table", "max_window_blocks", "pass_records", "register_attention_op",
     "unregister_attention_op", "valid_options", "window_seq_lens",
     "window_seq_lens_and_block_table", "window_upper_bound", "windowed_len_bound",
+    "DSparkMarkovHead", "block_sample_indices", "gumbel_noise", "sample_sequential",
 ]
