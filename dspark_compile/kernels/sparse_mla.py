@@ -209,5 +209,7 @@ def mla_cache_write_ref(kv: torch.Tensor, kv_cache: torch.Tensor,
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, torch.SymInt):        # symbolic while tracing: checked at run time
+        return
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name}={value!r} is invalid: expected an int >= {minimum}")
