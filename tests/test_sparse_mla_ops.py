@@ -95,19 +95,33 @@ def test_padding_tokens_get_all_minus_one_rows_never_stale(impl):
     assert (got[:5] >= 0).any(dim=1).all()
 
 
-@pytest.mark.parametrize("impl", ["reference", "triton", "op"])
+@pytest.mark.parametrize("impl", ["reference", "op"])
 @pytest.mark.parametrize("noncausal", [False, True])
 def test_range_longer_than_width_raises(impl, noncausal):
     batch = _batch([200], [10], 4)
     fns = {"reference": (ref.swa_indices_ref, ref.noncausal_swa_indices_ref),
-           "triton": (tri.swa_indices_triton, tri.noncausal_swa_indices_triton),
            "op": (torch.ops.dspark.swa_indices, torch.ops.dspark.noncausal_swa_indices)}
-    fn = fns[impl][noncausal]
-    args = _index_args(batch, "cpu")
     # causal needs W=130 <= width; non-causal needs W + q_len = 128 + 10 > 128.
     window = 128 if noncausal else 130
-    with pytest.raises((ValueError, RuntimeError), match="longer than width=128"):
-        fn(*args, 4, window, 128)
+    with pytest.raises(ValueError, match="longer than width=128"):
+        fns[impl][noncausal](*_index_args(batch, "cpu"), 4, window, 128)
+
+
+@pytest.mark.parametrize("noncausal", [False, True])
+def test_triton_flags_a_range_longer_than_width(noncausal):
+    """The kernel raises a device flag (no host sync); the wrapper turns it into an
+    error (immediately on CPU, an async device assert on CUDA)."""
+    batch = _batch([200, 50], [10, 3], 4)
+    args = _index_args(batch)
+    window = 128 if noncausal else 130
+    _, overflow = tri.launch_index_kernel(*args, 4, window, 128, noncausal)
+    assert int(overflow) == 1
+    _, overflow = tri.launch_index_kernel(*args, 4, window, 256, noncausal)
+    assert int(overflow) == 0
+    if DEVICE == "cpu":     # on CUDA the device assert would end the process's CUDA context
+        fn = tri.noncausal_swa_indices_triton if noncausal else tri.swa_indices_triton
+        with pytest.raises(ValueError, match="longer than width=128"):
+            fn(*args, 4, window, 128)
 
 
 def test_index_args_are_validated():
@@ -153,6 +167,11 @@ MLA_CASES = [
 ]
 
 
+def _triton_mla(query, kv_cache, indices, scale, lora):
+    return tri.sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
+                                           indices.to(DEVICE), scale, lora).cpu()
+
+
 def _mla_inputs(batch, heads, lora, rope, seed, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     query = torch.randn(batch.num_tokens, heads, lora + rope, generator=gen).to(dtype)
@@ -186,7 +205,7 @@ def test_sparse_mla_skips_minus_one_and_empty_rows_are_zero():
     indices = torch.full((3, 64), -1, dtype=torch.int32)
     indices[0, [0, 5, 40]] = torch.tensor([2, 7, 3], dtype=torch.int32)   # scattered, holes
     want = sdpa_per_token(query, kv_cache, indices, 0.3, 16)
-    for fn in (ref.sparse_mla_attention_ref, tri.sparse_mla_attention_triton):
+    for fn in (ref.sparse_mla_attention_ref, _triton_mla):
         got = fn(query, kv_cache, indices, 0.3, 16)
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
         assert (got[1:] == 0).all() and not torch.isnan(got).any()
@@ -206,7 +225,7 @@ def test_noncausal_output_depends_on_the_last_block_token_and_causal_does_not():
     scaled = kv_cache.clone()
     scaled.view(-1, lora + rope)[last] *= 8.0
     scale = (lora + rope) ** -0.5
-    for fn in (ref.sparse_mla_attention_ref, tri.sparse_mla_attention_triton):
+    for fn in (ref.sparse_mla_attention_ref, _triton_mla):
         before_nc, after_nc = fn(query, kv_cache, noncausal, scale, lora), fn(query, scaled, noncausal, scale, lora)
         before_c, after_c = fn(query, kv_cache, causal, scale, lora), fn(query, scaled, causal, scale, lora)
         rel = (after_nc[0] - before_nc[0]).norm() / before_nc[0].norm()

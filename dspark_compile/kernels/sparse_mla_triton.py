@@ -57,23 +57,36 @@ def _swa_indices_kernel(seq_lens_ptr, qsl_ptr, block_table_ptr, bt_stride, slot_
                  mask=col < width)
 
 
-def _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size, window_size,
-             width, noncausal):
+def launch_index_kernel(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
+                        window_size, width, noncausal):
+    """Run the index kernel; returns ``(indices [T, width] int32, overflow [1] int32)``.
+
+    ``overflow`` is 1 when some valid token's range is longer than ``width``
+    (its row is then incomplete); nothing is checked here.
+    """
     check_index_args(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
                      window_size, width)
     num_tokens, num_reqs = slot_mapping.shape[0], seq_lens.shape[0]
-    out = torch.empty((num_tokens, width), dtype=torch.int32, device=slot_mapping.device)
+    device = slot_mapping.device
+    out = torch.empty((num_tokens, width), dtype=torch.int32, device=device)
+    overflow = torch.zeros(1, dtype=torch.int32, device=device)
     if num_tokens == 0:
-        return out
+        return out, overflow
     if num_reqs == 0 or block_table.shape[1] == 0:
-        return out.fill_(-1)
-    overflow = torch.zeros(1, dtype=torch.int32, device=slot_mapping.device)
+        return out.fill_(-1), overflow
     table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
     _swa_indices_kernel[(num_tokens,)](
         seq_lens, query_start_loc, table, table.stride(0), slot_mapping, out, out.stride(0),
         overflow, num_reqs, table.shape[1], block_size, window_size, width,
         NONCAUSAL=noncausal, BLOCK_R=triton.next_power_of_2(max(num_reqs, 1)),
         BLOCK=INDEX_BLOCK)
+    return out, overflow
+
+
+def _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size, window_size,
+             width, noncausal):
+    out, overflow = launch_index_kernel(seq_lens, query_start_loc, block_table, slot_mapping,
+                                        block_size, window_size, width, noncausal)
     form = "non-causal block" if noncausal else "causal window"
     message = (f"a token's {form} is longer than width={width}: widen the index "
                f"(non-causal needs ceil((W + max_q_len) / 128) * 128)")
