@@ -96,6 +96,11 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         results["sampling_graph_equal"] = bool(torch.equal(eager, captured))
         results["sampling_ms"] = {"eager": do_bench(step), "cuda_graph": do_bench(graph.replay)}
+        compiled_step = torch.compile(step, mode="reduce-overhead")
+        for _ in range(3):
+            compiled_out = compiled_step()
+        results["sampling_compiled_equal"] = bool(torch.equal(compiled_out, eager))
+        results["sampling_ms"]["compiled_reduce_overhead"] = do_bench(compiled_step)
 
     print(f"{results['device']}, torch {results['torch']}: {args.requests} requests x "
           f"{args.q_len} draft tokens, context {args.context}, W={args.window}, width={width}, "
@@ -107,6 +112,9 @@ def main(argv=None) -> int:
         slow_key = "eager" if key == "sampling_ms" else "torch_ref"
         slow, quick = results[key][slow_key], results[key][fast]
         print(f"{name:<28} | {slow:>12.4f} | {quick:>15.4f} | {slow / quick:6.1f}x")
+    print(f"Markov sampling, torch.compile(mode='reduce-overhead'): "
+          f"{results['sampling_ms']['compiled_reduce_overhead']:.4f} ms "
+          f"(equal to eager: {results['sampling_compiled_equal']})")
     print(f"index equal: {results['index_equal']}; MLA max abs err (bf16): "
           f"{results['mla_max_abs_err']:.2e}; MLA Triton reads {results['mla_triton_gbps']:.0f} GB/s; "
           f"sampling graph == eager: {results['sampling_graph_equal']}")

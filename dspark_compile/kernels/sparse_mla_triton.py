@@ -38,21 +38,21 @@ def _swa_indices_kernel(seq_lens_ptr, qsl_ptr, block_table_ptr, bt_stride, slot_
         lo = tl.maximum(ctx - window_size, 0)
         hi = seq
     else:
-        pos = ctx + (token - q_begin)
-        lo = tl.maximum(pos - window_size + 1, 0)
-        hi = pos + 1
+        q_pos = ctx + (token - q_begin)
+        lo = tl.maximum(q_pos - window_size + 1, 0)
+        hi = q_pos + 1
     valid = valid & (hi > lo)
     if valid & (hi - lo > width):
         tl.store(overflow_ptr, 1)
     cols = tl.arange(0, BLOCK)
     for start in range(0, width, BLOCK):
         col = start + cols
-        pos = lo + col
-        block_col = pos // block_size
-        visible = valid & (pos < hi) & (block_col < max_blocks)
+        kv_pos = lo + col
+        block_col = kv_pos // block_size
+        visible = valid & (kv_pos < hi) & (block_col < max_blocks)
         block = tl.load(block_table_ptr + req.to(tl.int64) * bt_stride + block_col,
                         mask=visible, other=0).to(tl.int64)
-        slots = tl.where(visible, block * block_size + (pos - block_col * block_size), -1)
+        slots = tl.where(visible, block * block_size + (kv_pos - block_col * block_size), -1)
         tl.store(out_ptr + token.to(tl.int64) * out_stride + col, slots.to(tl.int32),
                  mask=col < width)
 

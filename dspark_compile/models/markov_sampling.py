@@ -63,8 +63,9 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     """Standard Gumbel noise ``[R, V]`` float32, a pure function of (seed, position, token).
 
     ``h = mix(mix(mix(seed_lo ^ mix(seed_hi)) ^ position) + token)`` (32-bit
-    ``lowbias32`` mixes), ``u = ((h >> 8) + 0.5) / 2**24``, noise
-    ``-log(-log(u))`` computed in float64. ``seeds``, ``positions``: ``[R]`` ints.
+    ``lowbias32`` mixes), ``u = ((h >> 9) + 0.5) / 2**23`` (exact in float32,
+    strictly inside (0, 1)), noise ``-log(-log(u))`` in float32.
+    ``seeds``, ``positions``: ``[R]`` ints.
     """
     seeds = seeds.to(torch.int64)
     key = torch.bitwise_xor(torch.bitwise_and(seeds, _MASK32),
@@ -73,8 +74,8 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
                                                                    _MASK32)))
     tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     bits = _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
-    uniform = ((bits >> 8).to(torch.float64) + 0.5) / float(1 << 24)
-    return (-torch.log(-torch.log(uniform))).to(torch.float32)
+    uniform = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / float(1 << 23))
+    return -torch.log(-torch.log(uniform))
 
 
 def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
