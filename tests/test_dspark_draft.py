@@ -55,8 +55,9 @@ def _compile(model, lowering, **options):
                          options={"lowering": lowering, **options})
 
 
+# W=120: the non-causal width (256) differs from the model's causal width (128).
 @pytest.mark.parametrize("lowering,window", [("aot_eager", None), ("aot_eager", 8),
-                                             ("inductor", 8)])
+                                             ("inductor", 8), ("inductor", 120)])
 def test_compiled_dspark_equals_eager_noncausal_reference(lowering, window):
     # Requests: long context, seq_len < block, an empty request, W > context.
     model, batch, caches, hidden = _case([60, 3, 0, 13], [5, 3, 0, 5])
@@ -77,6 +78,7 @@ def test_compiled_dspark_equals_eager_noncausal_reference(lowering, window):
     # Non-causal differs from causal for every request with more than one query.
     differs = (got - causal).abs().amax(-1) > 1e-4
     assert differs[:4].all() and differs[5:8].all()
+    assert noncausal_width(effective_window, batch.num_tokens) == (256 if window == 120 else 128)
     [record] = [r for r in dspark_compile.pass_records()
                 if r.pass_name == "dspark_noncausal_indices"]
     assert record.stats == {"index_calls": 1, "rewritten": 1,

@@ -72,8 +72,32 @@ class DSparkNonCausalIndexPass(DSparkPass):
             set_arg(call, _arg_index(noncausal_op, "width"), "width", width)
             old = call.meta["val"]
             call.meta["val"] = old.new_empty((old.shape[0], width))
+            _refresh_eager_input_vals(call)
             stats["rewritten"] += 1
             logger.debug("%s -> noncausal_swa_indices(window_size=%d, width=%d)",
                          call.name, window, width)
         graph.lint()
         return stats
+
+
+def _refresh_eager_input_vals(call: torch.fx.Node) -> None:
+    """Keep ``meta["eager_input_vals"]`` in step with a rewritten call and its new output.
+
+    Inductor lays out custom-op inputs with the strides recorded there at trace
+    time; stale entries (the old index width) would make it copy the new
+    indices into a buffer of the old row stride.
+    """
+    def refresh(node: torch.fx.Node, replace) -> None:
+        if "eager_input_vals" not in node.meta:
+            return
+        args, kwargs = node.meta["eager_input_vals"]
+        args = tuple(replace(node.args[i], value) if i < len(node.args) else value
+                     for i, value in enumerate(args))
+        kwargs = {key: replace(node.kwargs.get(key), value) for key, value in kwargs.items()}
+        node.meta["eager_input_vals"] = (args, kwargs)
+
+    # The call itself: its scalar arguments (window_size, width) changed.
+    refresh(call, lambda arg, value: value if isinstance(arg, torch.fx.Node) else arg)
+    # Its users: the indices they read have the new width.
+    for user in call.users:
+        refresh(user, lambda arg, value: call.meta["val"] if arg is call else value)
