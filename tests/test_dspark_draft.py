@@ -164,13 +164,14 @@ def test_propose_greedy_follows_markov_chain_and_pads_rows():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels under Inductor on CUDA")
 def test_compiled_dspark_on_cuda_equals_cpu_reference():
     model, batch, caches, hidden = _case([300, 3, 0, 77], [6, 3, 0, 6], block_size=16, seed=6)
-    want, want_caches = _eager(model, batch, hidden, caches, _noncausal(32, batch.num_tokens))
+    # W=120, T=15: non-causal width 256, the model's causal width 128.
+    want, want_caches = _eager(model, batch, hidden, caches, _noncausal(120, batch.num_tokens))
     cuda_model = model.to("cuda")
     fields = ("block_table", "seq_lens", "query_start_loc", "slot_mapping", "positions")
     for name in fields:
         setattr(batch, name, getattr(batch, name).cuda())
     got_caches = [c.cuda() for c in caches]
-    compiled = _compile(cuda_model, "inductor", method="dspark", draft_window_size=32)
+    compiled = _compile(cuda_model, "inductor", method="dspark", draft_window_size=120)
     with torch.no_grad():
         got = compiled(*_args(batch, hidden.cuda(), got_caches))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
