@@ -45,7 +45,8 @@ def brute_force_indices(batch, block_size, window, width, noncausal, num_tokens=
 
 
 def _batch(seq_lens, q_lens, block_size, seed=0):
-    return make_paged_batch(seq_lens, q_lens, block_size, generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed)
+    return make_paged_batch(seq_lens, q_lens, block_size, generator=gen)
 
 
 def _index_args(batch, device=DEVICE):
@@ -226,8 +227,10 @@ def test_noncausal_output_depends_on_the_last_block_token_and_causal_does_not():
     scaled.view(-1, lora + rope)[last] *= 8.0
     scale = (lora + rope) ** -0.5
     for fn in (ref.sparse_mla_attention_ref, _triton_mla):
-        before_nc, after_nc = fn(query, kv_cache, noncausal, scale, lora), fn(query, scaled, noncausal, scale, lora)
-        before_c, after_c = fn(query, kv_cache, causal, scale, lora), fn(query, scaled, causal, scale, lora)
+        before_nc = fn(query, kv_cache, noncausal, scale, lora)
+        after_nc = fn(query, scaled, noncausal, scale, lora)
+        before_c = fn(query, kv_cache, causal, scale, lora)
+        after_c = fn(query, scaled, causal, scale, lora)
         rel = (after_nc[0] - before_nc[0]).norm() / before_nc[0].norm()
         assert rel > 0.1, f"non-causal first query ignored the last block token ({rel:.3f})"
         assert torch.equal(after_c[0], before_c[0])

@@ -118,7 +118,7 @@ def _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
 
 
 def _check_fits(span: torch.Tensor, width: int, noncausal: bool) -> None:
-    """A visible range longer than ``width`` is an error (host check on CPU, device assert on GPU)."""
+    """A range longer than ``width`` is an error: host check on CPU, device assert on GPU."""
     form = "non-causal block" if noncausal else "causal window"
     message = (f"a token's {form} is longer than width={width}: widen the index "
                f"(non-causal needs ceil((W + max_q_len) / 128) * 128)")
