@@ -7,8 +7,10 @@
 import logging
 
 from dspark_compile import ops  # noqa: F401  (registers torch.ops.dspark.*)
+from dspark_compile.ascend import AscendCheck, check_ascend
 from dspark_compile.backend import dspark_backend, valid_options
 from dspark_compile.config import METHODS, DraftWindowConfig
+from dspark_compile.inspection import InspectionReport, inspect
 from dspark_compile.models.markov_sampling import (
     DSparkMarkovHead, block_sample_indices, gumbel_noise, sample_sequential)
 from dspark_compile.kernels.sparse_mla import causal_width, noncausal_width
@@ -32,6 +34,7 @@ __all__ = [
     "gather_window_block_table", "max_window_blocks", "pass_records", "register_attention_op",
     "unregister_attention_op", "valid_options", "window_seq_lens",
     "window_seq_lens_and_block_table", "window_upper_bound", "windowed_len_bound",
+    "AscendCheck", "InspectionReport", "check_ascend", "inspect",
     "DSparkMarkovHead", "block_sample_indices", "gumbel_noise", "sample_sequential",
     "DSparkNonCausalIndexPass", "causal_width", "noncausal_width",
 ]

@@ -5,25 +5,44 @@
 Inductor (``compile_fx`` with our ``PassManager`` as
 ``post_grad_custom_post_pass``, chained with any pass already set there), or
 with ``lowering="aot_eager"`` run eagerly after our passes (debugging, fast
-tests).
+tests). When the example inputs live on an Ascend ``npu`` device the graph goes
+to torchair instead (``dspark_compile.ascend``; untested on hardware).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from dspark_compile.ascend import TORCHAIR_MODES, compile_with_torchair, on_npu
 from dspark_compile.config import DraftWindowConfig
 from dspark_compile.passes import DraftWindowPass, PassManager
 from dspark_compile.passes.base import DSparkPass
+from dspark_compile.passes.manager import GraphHook
 from dspark_compile.passes.dspark_noncausal import DSparkNonCausalIndexPass
 
 logger = logging.getLogger(__name__)
 
 LOWERINGS = ("inductor", "aot_eager")
-BACKEND_OPTIONS = ("lowering", "mode", "inductor_config")
+BACKEND_OPTIONS = ("lowering", "mode", "inductor_config", "torchair_mode")
+
+_GRAPH_HOOK: contextvars.ContextVar[Optional[GraphHook]] = contextvars.ContextVar(
+    "dspark_graph_hook", default=None)
+
+
+@contextlib.contextmanager
+def graph_hook(hook: GraphHook):
+    """Within the block, every ``PassManager`` the backend builds calls ``hook(stage, graph)``
+    before and after each pass (``dspark_compile.inspect`` uses it)."""
+    token = _GRAPH_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _GRAPH_HOOK.reset(token)
 
 
 def valid_options() -> tuple[str, ...]:
@@ -54,6 +73,10 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> tuple[DraftWindowConf
     if not isinstance(inductor_config, Mapping):
         raise ValueError(f"inductor_config={inductor_config!r} is invalid: expected a dict of "
                          "torch._inductor.config settings")
+    torchair_mode = backend.setdefault("torchair_mode", "max-autotune")
+    if torchair_mode not in TORCHAIR_MODES:
+        raise ValueError(f"torchair_mode={torchair_mode!r} is invalid: expected one of "
+                         f"{', '.join(TORCHAIR_MODES)}")
     return DraftWindowConfig.from_mapping(options), backend
 
 
@@ -62,6 +85,9 @@ def dspark_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     """torch.compile backend: our passes, then Inductor (or eager) lowering."""
     config, backend = parse_options(options)
     mode = backend.get("mode", mode)
+    if on_npu(example_inputs):
+        return compile_with_torchair(gm, example_inputs, PassManager(
+            build_passes(config, "none"), graph_hook=_GRAPH_HOOK.get()), backend["torchair_mode"])
     if backend["lowering"] == "aot_eager":
         return _compile_aot_eager(gm, example_inputs, config)
     return _compile_inductor(gm, example_inputs, config, mode, backend["inductor_config"])
@@ -78,7 +104,7 @@ def _compile_inductor(gm, example_inputs, config: DraftWindowConfig, mode: Optio
     patches.update(inductor_config)
     chained = patches.get("post_grad_custom_post_pass", inductor_cfg.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = PassManager(
-        build_passes(config, "inductor"), chained=chained)
+        build_passes(config, "inductor"), chained=chained, graph_hook=_GRAPH_HOOK.get())
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 
@@ -86,7 +112,7 @@ def _compile_aot_eager(gm, example_inputs, config: DraftWindowConfig):
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    manager = PassManager(build_passes(config, "none"))
+    manager = PassManager(build_passes(config, "none"), graph_hook=_GRAPH_HOOK.get())
 
     def forward_compiler(graph_module: torch.fx.GraphModule, inputs):
         manager(graph_module.graph)

@@ -138,8 +138,11 @@ class SlidingWindowAdapter:
 
     def __init__(self, window_size: int, block_size: int, max_num_reqs: int,
                  future_offset: int = 0, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.int32) -> None:
+                 dtype: torch.dtype = torch.int32, fused: Optional[bool] = None) -> None:
         _check_positive("max_num_reqs", max_num_reqs)
+        # fused: one Triton launch (kernels.window_metadata) instead of ~8 torch ops;
+        # None = on CUDA tensors only. The torch ops below stay the reference.
+        self.fused = fused
         self.window_size = window_size
         self.block_size = block_size
         self.future_offset = future_offset
@@ -159,6 +162,8 @@ class SlidingWindowAdapter:
             raise ValueError(
                 f"block_table has {block_table.shape[0]} rows, expected one per request "
                 f"({num_reqs})")
+        if self.fused if self.fused is not None else seq_lens.is_cuda:
+            return self._apply_fused(seq_lens, block_table, seq_lens_cpu, max_seq_len)
         bounds = compute_window(seq_lens, self.window_size, self.block_size, self.future_offset)
         out = self.block_table_buffer[:num_reqs]
         out.copy_(gather_window_block_table(block_table, bounds.start_block, bounds.needed,
@@ -168,6 +173,24 @@ class SlidingWindowAdapter:
             block_table=out,
             full_block_table=block_table,
             start=bounds.start,
+            seq_lens_cpu=None if seq_lens_cpu is None else window_seq_lens(
+                seq_lens_cpu, self.window_size, self.block_size, self.future_offset),
+            max_seq_len=None if max_seq_len is None else window_upper_bound(
+                max_seq_len, self.window_size, self.block_size, self.future_offset),
+        )
+
+    def _apply_fused(self, seq_lens, block_table, seq_lens_cpu, max_seq_len) -> WindowedMetadata:
+        from dspark_compile.kernels.window_metadata import window_metadata_triton
+
+        out = self.block_table_buffer[:seq_lens.shape[0]]
+        windowed_len, start, _ = window_metadata_triton(
+            seq_lens, block_table, self.window_size, self.block_size, self.future_offset,
+            out_table=out)
+        return WindowedMetadata(
+            seq_lens=windowed_len,
+            block_table=out,
+            full_block_table=block_table,
+            start=start,
             seq_lens_cpu=None if seq_lens_cpu is None else window_seq_lens(
                 seq_lens_cpu, self.window_size, self.block_size, self.future_offset),
             max_seq_len=None if max_seq_len is None else window_upper_bound(

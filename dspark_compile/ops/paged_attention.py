@@ -54,3 +54,29 @@ def reshape_and_cache(
 @reshape_and_cache.register_fake
 def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
     return None
+
+
+@paged_attention.register_kernel("cuda")
+def _paged_attention_cuda(query, key_cache, value_cache, block_table, seq_lens,
+                          query_start_loc, scale, causal):
+    """CUDA: the split-KV Triton kernel (``kernels.paged_attention_triton``); the
+    torch reference for dtypes/layouts it does not handle."""
+    from dspark_compile.kernels import paged_attention_triton as kernel
+
+    if kernel.supports(query, key_cache, value_cache):
+        return kernel.paged_attention_triton(query, key_cache, value_cache, block_table,
+                                             seq_lens, query_start_loc, scale, causal)
+    kernel.warn_fallback(f"query {query.dtype}, cache {key_cache.dtype}/{value_cache.dtype}")
+    return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
+                               query_start_loc, scale, causal)
+
+
+@reshape_and_cache.register_kernel("cuda")
+def _reshape_and_cache_cuda(key, value, key_cache, value_cache, slot_mapping):
+    """CUDA: the Triton KV write (no host sync, unlike the reference's boolean mask)."""
+    from dspark_compile.kernels import reshape_and_cache_triton as kernel
+
+    if kernel.supports(key, value, key_cache, value_cache):
+        kernel.reshape_and_cache_triton(key, value, key_cache, value_cache, slot_mapping)
+    else:
+        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)

@@ -106,15 +106,23 @@ class DraftWindowPass(DSparkPass):
         return stats
 
     def _block_size(self, call: torch.fx.Node, spec: AttentionOpSpec) -> int:
-        if self.window_config.block_size is not None:
-            return self.window_config.block_size
-        if spec.kv_cache is None:
-            raise ValueError(f"{spec.op} names no kv_cache argument: set the block_size option")
-        cache = get_arg(call, spec.arg_index(spec.kv_cache), spec.kv_cache)
-        size = cache.meta["val"].shape[1] if isinstance(cache, torch.fx.Node) else None
+        """The option ``block_size`` if set (checked against a static cache
+        shape), else the cache's static dim 1."""
+        size = None
+        if spec.kv_cache is not None:
+            cache = get_arg(call, spec.arg_index(spec.kv_cache), spec.kv_cache)
+            if isinstance(cache, torch.fx.Node):
+                size = cache.meta["val"].shape[1]
+        override = self.window_config.block_size
+        if override is not None:
+            if isinstance(size, int) and size != override:
+                raise ValueError(f"block_size={override} does not match the KV cache of "
+                                 f"{call.name} ({spec.op}), whose block size is {size}")
+            return override
         if not isinstance(size, int):
-            raise ValueError(f"the KV block size of {call.format_node()} is not static "
-                             f"({size!r}): set the block_size option")
+            raise ValueError(
+                f"the KV block size of {call.name} ({spec.op}) is not static ({size!r}): set "
+                "the block_size option, or torch._dynamo.mark_static(cache, 1)")
         return size
 
 

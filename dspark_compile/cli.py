@@ -1,0 +1,310 @@
+"""``dspark-compile``: the command line (demo, inspect, check-ascend, bench).
+
+Every command runs on the built-in reference draft by default (CPU). Bad
+input exits with status 2 and one message; a failed check exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence, TextIO
+
+PROG = "dspark-compile"
+BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_draft_window.py"
+
+
+class UsageError(Exception):
+    """Bad input from the command line: reported as one line, exit status 2."""
+
+
+class TextProgress:
+    """A one-line text progress bar on ``stream`` (redrawn in place on a terminal)."""
+
+    def __init__(self, total: int, label: str, stream: Optional[TextIO] = None,
+                 width: int = 20) -> None:
+        self.total, self.label, self.width = max(total, 1), label, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.interactive = getattr(self.stream, "isatty", lambda: False)()
+        self.start = time.perf_counter()
+
+    def show(self, done: int, note: str = "") -> None:
+        filled = self.width * done // self.total
+        bar = "#" * filled + "." * (self.width - filled)
+        line = (f"{self.label} [{bar}] {done}/{self.total} {note} "
+                f"({time.perf_counter() - self.start:.0f}s)")
+        if self.interactive:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def clear(self) -> None:
+        if self.interactive:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is invalid: expected a positive int")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="torch.compile passes for speculative-decoding draft models: "
+        "draft KV sliding window (backend='dspark').")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser(
+        "demo", help="window the reference DFlash draft, check it and time it",
+        description="Compile the built-in 4-layer DFlash reference draft with and without the "
+        "draft KV window, check both against eager references and time a draft step.")
+    demo.add_argument("--contexts", type=_positive_int, nargs="+", default=[1024, 4096, 16384],
+                      help="context lengths to run, in tokens (default: 1024 4096 16384)")
+    demo.add_argument("--window", type=_positive_int, default=512,
+                      help="draft_window_size W (default: 512)")
+    demo.add_argument("--requests", type=_positive_int, default=4,
+                      help="requests per batch (default: 4)")
+    demo.add_argument("--lowering", choices=["inductor", "aot_eager"], default="inductor")
+    demo.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    demo.add_argument("--draft", choices=["dflash", "dspark"], default="dflash",
+                      help="dspark: the sparse-MLA DSpark draft compiled with method='dspark' "
+                      "(non-causal block indices, Markov head) (default: dflash)")
+
+    inspect = commands.add_parser(
+        "inspect", help="compile under depyf and write graphs, kernels and summary.md",
+        description="Compile the built-in reference draft with backend='dspark' under "
+        "depyf.prepare_debug and write to DUMP_DIR: depyf's decompiled code, the post-grad "
+        "graph before/after each dspark pass, Inductor's output code and summary.md.")
+    inspect.add_argument("--dump-dir", default="dspark_inspect",
+                         help="output directory, new or empty (default: ./dspark_inspect)")
+    inspect.add_argument("--overwrite", action="store_true",
+                         help="replace an earlier dump in DUMP_DIR")
+    _add_window_args(inspect, default_window=64)
+    inspect.add_argument("--lowering", choices=["inductor", "aot_eager"], default="inductor")
+    inspect.add_argument("--context", type=_positive_int, default=256,
+                         help="context length of the example batch (default: 256)")
+    inspect.add_argument("--layers", type=_positive_int, default=2,
+                         help="draft layers (default: 2)")
+
+    ascend = commands.add_parser(
+        "check-ascend", help="list ops torchair's GE graph mode cannot convert",
+        description="Trace the built-in reference draft with backend='dspark' (eager lowering) "
+        "and list every op of the post-pass ATen graph that torchair's GE graph mode cannot "
+        "convert. Exit status 1 when there is one.")
+    _add_window_args(ascend, default_window=64)
+    ascend.add_argument("--inserted-only", action="store_true",
+                        help="check only the nodes our passes insert")
+
+    commands.add_parser(
+        "bench", help="run benchmarks/bench_draft_window.py (needs a CUDA GPU)",
+        description="Run benchmarks/bench_draft_window.py from a source checkout; arguments "
+        "after 'bench' (or after '--') go to the script. Needs a CUDA device.")
+    return parser
+
+
+def _add_window_args(parser: argparse.ArgumentParser, default_window: int) -> None:
+    from dspark_compile.config import METHODS
+
+    parser.add_argument("--window", type=int, default=default_window,
+                        help=f"draft_window_size W; 0 turns the window off "
+                        f"(default: {default_window})")
+    parser.add_argument("--method", choices=METHODS, default="dflash")
+    parser.add_argument("--num-speculative-tokens", type=_positive_int, default=1,
+                        help="draft tokens per step (EAGLE3's future offset; default: 1)")
+
+
+def _window_options(args: argparse.Namespace) -> dict:
+    if args.window < 0:
+        raise UsageError(f"--window={args.window} is invalid: expected a positive int, "
+                         "or 0 to turn the window off")
+    return {"draft_window_size": args.window or None, "method": args.method,
+            "num_speculative_tokens": args.num_speculative_tokens}
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from dspark_compile.demo import run_demo
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"--device={args.device!r} is invalid: expected a torch device "
+                         "such as cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device={args.device!r} is invalid: no CUDA device is available")
+    if args.draft == "dspark":
+        return run_dspark_demo_command(args)
+    print(f"dspark-compile demo: DFlash reference draft (4 layers, GQA 8/2, head_dim 64, "
+          f"block 16, q_len 8, non-causal), W={args.window}, {args.requests} requests, "
+          f"lowering={args.lowering}, device={args.device}")
+    header = (f"{'context':>8} | {'windowed err':>12} | {'full err':>9} | {'window effect':>13} | "
+              f"{'rewritten':>9} | {'windows':>7} | {'full ms':>8} | {'windowed ms':>11} | speedup")
+    print(header)
+    print("-" * len(header), flush=True)
+    ok = True
+    rows = run_demo(args.contexts, args.window, num_requests=args.requests,
+                    lowering=args.lowering, device=args.device)
+    progress = TextProgress(len(args.contexts), "demo")
+    for i, context in enumerate(args.contexts):
+        progress.show(i, f"context {context}: compiling, checking, timing")
+        row = next(rows)
+        progress.clear()
+        print(f"{row.context_len:>8} | {row.windowed_max_err:>12.2e} | {row.full_max_err:>9.2e} | "
+              f"{row.window_effect:>13.2e} | {row.rewritten_calls:>9} | "
+              f"{row.window_computations:>7} | {row.full_ms:>8.2f} | {row.windowed_ms:>11.2f} | "
+              f"{row.speedup:>6.2f}x   [{i + 1}/{len(args.contexts)}]", flush=True)
+        ok &= row.windowed_max_err < 1e-3 and row.full_max_err < 1e-3
+    print("err: max |compiled - eager reference|; window effect: max |windowed - full| "
+          "(0 when W covers the whole context)")
+    print("OK: compiled outputs match the eager references" if ok else
+          "MISMATCH: compiled outputs differ from the eager references")
+    return 0 if ok else 1
+
+
+def run_dspark_demo_command(args: argparse.Namespace) -> int:
+    from dspark_compile.dspark_demo import run_dspark_demo
+
+    print(f"dspark-compile demo: DSpark reference draft (2 sparse-MLA layers, 8 heads, "
+          f"kv_lora_rank 64 + rope 32, block 16, q_len 8, Markov head), method=dspark, "
+          f"W={args.window}, {args.requests} requests, lowering={args.lowering}, "
+          f"device={args.device}")
+    header = (f"{'context':>8} | {'max err':>9} | {'non-causal effect':>17} | {'rewritten':>9} | "
+              f"{'tokens equal':>12} | {'eager ms':>8} | {'compiled ms':>11}")
+    print(header)
+    print("-" * len(header), flush=True)
+    ok = True
+    rows = run_dspark_demo(args.contexts, args.window, num_requests=args.requests,
+                           lowering=args.lowering, device=args.device)
+    progress = TextProgress(len(args.contexts), "demo")
+    for i, context in enumerate(args.contexts):
+        progress.show(i, f"context {context}: compiling, checking, timing")
+        row = next(rows)
+        progress.clear()
+        print(f"{row.context_len:>8} | {row.max_err:>9.2e} | {row.noncausal_effect:>17.2e} | "
+              f"{row.rewritten_calls:>9} | {str(row.tokens_equal):>12} | {row.eager_ms:>8.2f} | "
+              f"{row.compiled_ms:>11.2f}   [{i + 1}/{len(args.contexts)}]", flush=True)
+        ok &= row.max_err < 1e-3 and row.tokens_equal and row.rewritten_calls == 1
+    print("max err: |compiled - eager non-causal reference|; non-causal effect: "
+          "|non-causal - causal| (the block's queries see later block tokens)")
+    print("OK: the compiled DSpark draft matches the eager non-causal reference" if ok else
+          "MISMATCH: the compiled DSpark draft differs from the eager reference")
+    return 0 if ok else 1
+
+
+def run_inspect_command(args: argparse.Namespace) -> int:
+    from dspark_compile.inspection import inspect, reference_draft_example
+
+    from dspark_compile.backend import parse_options
+
+    options = {**_window_options(args), "lowering": args.lowering}
+    parse_options(options)  # bad options fail before any work
+    progress = TextProgress(2, "inspect")
+    progress.show(0, "building the reference draft")
+    model, inputs = reference_draft_example(context_len=args.context, num_layers=args.layers)
+    progress.show(1, "compiling with backend='dspark' under depyf")
+    report = inspect(model, *inputs, dump_dir=args.dump_dir, options=options,
+                     overwrite=args.overwrite)
+    progress.show(2, "done")
+    progress.clear()
+    totals = {key: sum(p.stats.get(key, 0) for p in report.passes)
+              for key in ("attention_calls", "rewritten", "window_computations")}
+    kernels = sum(len(names) for names in report.kernels.values())
+    print(f"wrote {len(report.files)} files to {report.dump_dir}")
+    print(f"attention calls found {totals['attention_calls']}, rewritten {totals['rewritten']}, "
+          f"window computations inserted {totals['window_computations']}, "
+          f"generated kernels {kernels}")
+    print(f"read first: {report.summary_path}")
+    return 0
+
+
+def run_check_ascend_command(args: argparse.Namespace) -> int:
+    from dspark_compile.ascend import check_ascend
+    from dspark_compile.inspection import reference_draft_example
+
+    options = _window_options(args)
+    progress = TextProgress(1, "check-ascend")
+    progress.show(0, "tracing the reference draft with backend='dspark'")
+    model, inputs = reference_draft_example()
+    if args.inserted_only:
+        result = _check_inserted(model, inputs, options)
+    else:
+        result = check_ascend(model, *inputs, options=options)
+    progress.show(1, "done")
+    progress.clear()
+    print(result)
+    if not result.ok:
+        print("note: the reference draft's dspark.* custom ops stand in for NPU attention "
+              "kernels; on Ascend use torch_npu's attention ops (register them with "
+              "register_attention_op)")
+    return 0 if result.ok else 1
+
+
+def _check_inserted(model, inputs, options):
+    """GE convertibility of the nodes our passes insert (not of the whole graph)."""
+    import functools
+
+    import torch
+
+    from dspark_compile.ascend import AscendCheck, unconvertible_ops
+    from dspark_compile.backend import dspark_backend, graph_hook
+
+    inserted: list = []
+    before: dict = {}
+
+    def hook(stage, graph):
+        if stage.startswith("before_"):
+            before[id(graph)] = set(graph.nodes)
+        else:
+            inserted.extend(n for n in graph.nodes if n not in before[id(graph)])
+
+    backend = functools.partial(dspark_backend, options={**options, "lowering": "aot_eager"})
+    with graph_hook(hook), torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=False)(*inputs)
+    return AscendCheck(unconvertible_ops(inserted), len(before), len(inserted))
+
+
+def run_bench_command(argv: Sequence[str]) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("no CUDA device: the benchmarks time GPU kernels "
+                         "(torch.cuda.is_available() is False)")
+    if not BENCH_SCRIPT.is_file():
+        raise UsageError(f"benchmark script not found at {BENCH_SCRIPT}: "
+                         "'bench' runs from a source checkout (git clone)")
+    spec = importlib.util.spec_from_file_location("bench_draft_window", BENCH_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(list(argv))
+    return int(result or 0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command != "bench" and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "demo":
+            return run_demo_command(args)
+        if args.command == "inspect":
+            return run_inspect_command(args)
+        if args.command == "check-ascend":
+            return run_check_ascend_command(args)
+        return run_bench_command(extra[1:] if extra[:1] == ["--"] else extra)
+    except (UsageError, ValueError) as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,332 @@
+"""Triton paged attention for ``dspark.paged_attention`` (split-KV flash decoding).
+
+Same semantics as ``paged_attention_ref`` (the definition of correct): query
+``[T, Hq, D]``, caches ``[num_blocks, b, Hkv, D]``, ``block_table [R, width]``,
+``seq_lens [R]``, ``query_start_loc [R+1]`` (``query_start_loc[0] == 0``,
+``query_start_loc[R] == T``). Request i's queries sit at positions
+``seq_lens[i] - q_len .. seq_lens[i] - 1``; causal queries see tokens ``<=``
+their position, non-causal ones all ``seq_lens[i]`` tokens; a query that sees
+nothing outputs zeros.
+
+Layout of the work:
+- one program per (query tile, KV head, KV split). A query tile is up to
+  ``BLOCK_Q`` queries of one request times the ``Hq/Hkv`` query heads of one
+  KV head (GQA packed into the M dimension, so each KV tile is read once per
+  query tile, not once per query head). Tiles are found in-kernel by binary
+  search over ``query_start_loc``: the grid is ``T // BLOCK_Q + R`` tiles, an
+  upper bound computed from shapes only.
+- the KV range ``[0, width * b)`` is cut into ``num_splits`` equal splits
+  (flash decoding) sized from the block table's WIDTH, never from a host read
+  of ``seq_lens``; splits past a request's length exit after writing an empty
+  partial. After windowing the width is ``max_window_blocks``, so a 128k
+  context with W=2048 launches work for ~2k tokens.
+- fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
+  combines the splits by their log-sum-exp.
+No host synchronisation anywhere: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
+    """Request whose tiles contain ``tile``: tiles of request i start at
+    ``query_start_loc[i] // BLOCK_Q + i`` (strictly increasing in i)."""
+    lo = 0
+    hi = num_reqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, q_stride0, q_stride1,
+    k_ptr, k_stride0, k_stride1, k_stride2,
+    v_ptr, v_stride0, v_stride1, v_stride2,
+    table_ptr, table_stride0, table_stride1,
+    seq_lens_ptr, qsl_ptr, num_reqs,
+    out_ptr, out_stride0, out_stride1,
+    part_ptr, lse_ptr,
+    scale_log2, tokens_per_split, num_splits,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q)
+    q_begin = tl.load(qsl_ptr + req)
+    q_len = tl.load(qsl_ptr + req + 1) - q_begin
+    local_tile = tile - (q_begin // BLOCK_Q + req)
+    if local_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = local_tile * BLOCK_Q + rows // GROUP             # query index within the request
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    token = (q_begin + q_idx).to(tl.int64)
+    q_pos = seq_len - q_len + q_idx                          # absolute position (may be < 0)
+    d = tl.arange(0, BLOCK_D)
+    d_valid = d < HEAD_DIM
+    q = tl.load(q_ptr + token[:, None] * q_stride0 + head[:, None] * q_stride1 + d[None, :],
+                mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    kv_end = seq_len
+    if CAUSAL:  # the tile's last query bounds what any of its rows can see
+        last_q = tl.minimum(local_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+        kv_end = seq_len - q_len + last_q + 1
+    split_begin = split * tokens_per_split
+    split_end = tl.minimum(split_begin + tokens_per_split, kv_end)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table_row = table_ptr + req.to(tl.int64) * table_stride0
+    k_head = k_ptr + kv_head.to(tl.int64) * k_stride2
+    v_head = v_ptr + kv_head.to(tl.int64) * v_stride2
+    for n0 in range(split_begin, split_end, BLOCK_N):
+        kv = n0 + tl.arange(0, BLOCK_N)
+        kv_valid = kv < split_end
+        blocks = tl.load(table_row + (kv // BLOCK_SIZE) * table_stride1, mask=kv_valid,
+                         other=0).to(tl.int64)
+        offsets = kv % BLOCK_SIZE
+        k = tl.load(k_head + blocks[None, :] * k_stride0 + offsets[None, :] * k_stride1
+                    + d[:, None], mask=kv_valid[None, :] & d_valid[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2   # [M, N]
+        visible = kv_valid[None, :]
+        if CAUSAL:
+            visible = visible & (kv[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # all masked so far: no NaN
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1
+                    + d[None, :], mask=kv_valid[:, None] & d_valid[None, :], other=0.0)
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    result = acc / tl.where(empty, 1.0, l_i)[:, None]
+    mask = row_valid[:, None] & d_valid[None, :]
+    if not SPLIT_KV:
+        tl.store(out_ptr + token[:, None] * out_stride0 + head[:, None] * out_stride1
+                 + d[None, :], result.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        slot = (token * NUM_HEADS + head) * num_splits + split
+        tl.store(part_ptr + slot[:, None] * HEAD_DIM + d[None, :], result, mask=mask)
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(lse_ptr + slot, lse, mask=row_valid)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_ptr, lse_ptr, out_ptr, out_stride0, out_stride1, num_splits,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_valid = s < num_splits
+    base = (token * NUM_HEADS + head) * num_splits
+    lse = tl.load(lse_ptr + base + s, mask=s_valid, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_safe)                                  # 0 for empty splits
+    total = tl.sum(w, 0)
+    d = tl.arange(0, BLOCK_D)
+    d_valid = d < HEAD_DIM
+    used = s_valid & (w > 0.0)
+    parts = tl.load(part_ptr + (base + s[:, None]) * HEAD_DIM + d[None, :],
+                    mask=used[:, None] & d_valid[None, :], other=0.0)
+    result = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + token * out_stride0 + head * out_stride1 + d,
+             result.to(out_ptr.dtype.element_ty), mask=d_valid)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """How a call is cut into programs (see the module docstring)."""
+
+    block_q: int
+    block_m: int
+    block_n: int
+    num_splits: int
+    tokens_per_split: int
+    num_warps: int
+    num_stages: int
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
+                  table_width: int, block_size: int, device: torch.device,
+                  num_splits: Optional[int] = None, block_n: Optional[int] = None,
+                  num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                  num_sms: Optional[int] = None) -> LaunchConfig:
+    """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
+
+    Splits: enough (query tile x KV head x split) programs for ~16 per SM, each
+    split at least 256 tokens, at most 512 splits.
+    """
+    mean_q = max(1, -(-num_tokens // max(num_reqs, 1)))
+    block_q = min(triton.next_power_of_2(mean_q), max(1, 64 // group))
+    block_m = max(16, triton.next_power_of_2(block_q * group))
+    block_n = block_n or (64 if device.type == "cuda" else 16)
+    max_kv = max(table_width * block_size, 1)
+    if num_splits is None:
+        sms = num_sms or (_num_sms(device.index or 0) if device.type == "cuda" else 4)
+        programs = max(1, num_reqs * -(-mean_q // block_q) * num_kv_heads)
+        wanted = -(-16 * sms // programs)
+        num_splits = max(1, min(wanted, -(-max_kv // 256), 512))
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits={num_splits!r} is invalid: expected a positive int")
+    tokens_per_split = -(-max_kv // num_splits)
+    tokens_per_split = -(-tokens_per_split // block_n) * block_n
+    num_splits = -(-max_kv // tokens_per_split)
+    return LaunchConfig(block_q, block_m, block_n, num_splits, tokens_per_split,
+                        num_warps or 4, num_stages or (3 if device.type == "cuda" else 1))
+
+
+def paged_attention_triton(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+    scale: float, causal: bool, out: Optional[torch.Tensor] = None,
+    num_splits: Optional[int] = None, block_n: Optional[int] = None,
+    num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+) -> torch.Tensor:
+    """``dspark.paged_attention`` semantics (``paged_attention_ref``) in Triton.
+
+    ``out [T, Hq, D]`` (query's dtype) is written in place when given.
+    ``num_splits``/``block_n``/``num_warps``/``num_stages`` override the
+    launch heuristics (tests, tuning); the result does not depend on them
+    beyond float rounding.
+    """
+    _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc)
+    num_tokens, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    elif out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} is invalid: expected query's shape "
+                         f"{tuple(query.shape)} and dtype {query.dtype}, contiguous last dim")
+    num_reqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_reqs == 0:
+        return out
+    if block_table.shape[1] == 0:  # no KV anywhere: every query sees nothing
+        return out.zero_()
+    cfg = choose_launch(num_tokens, num_reqs, num_kv_heads, group, block_table.shape[1],
+                        block_size, query.device, num_splits, block_n, num_warps, num_stages)
+    if cfg.num_splits > 1:
+        parts = torch.empty((num_tokens, num_heads, cfg.num_splits, head_dim),
+                            dtype=torch.float32, device=query.device)
+        lse = torch.empty((num_tokens, num_heads, cfg.num_splits), dtype=torch.float32,
+                          device=query.device)
+    else:
+        parts = lse = out  # unused
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    grid = (num_tokens // cfg.block_q + num_reqs, num_kv_heads, cfg.num_splits)
+    _paged_attention_kernel[grid](
+        query, query.stride(0), query.stride(1),
+        key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_table, block_table.stride(0), block_table.stride(1),
+        seq_lens, query_start_loc, num_reqs,
+        out, out.stride(0), out.stride(1),
+        parts, lse,
+        float(scale) * _LOG2E, cfg.tokens_per_split, cfg.num_splits,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
+        BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
+        DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    if cfg.num_splits > 1:
+        _combine_splits_kernel[(num_tokens, num_heads)](
+            parts, lse, out, out.stride(0), out.stride(1), cfg.num_splits,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(cfg.num_splits),
+            num_warps=4)
+    return out
+
+
+def _upcast_dot(query: torch.Tensor) -> bool:
+    """The Triton interpreter (CPU tests) computes bf16 ``tl.dot`` wrongly (triton
+    3.8: garbage of order 1e10), so there the tiles are upcast to fp32 first. On a
+    GPU the dots take bf16/fp16 operands with fp32 accumulation."""
+    return query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def supports(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether the Triton kernel handles these dtypes/shapes (else use the reference)."""
+    return (query.dtype in SUPPORTED_DTYPES and key_cache.dtype == query.dtype
+            and value_cache.dtype == query.dtype and query.dim() == 3
+            and key_cache.shape[-1] == value_cache.shape[-1] == query.shape[-1]
+            and query.stride(2) == 1 and key_cache.stride(3) == 1 and value_cache.stride(3) == 1)
+
+
+@functools.lru_cache(maxsize=None)
+def warn_fallback(description: str) -> None:
+    """Log once per input kind that the host-syncing torch reference runs instead."""
+    logger.warning("dspark.paged_attention: no Triton kernel for %s; using the torch "
+                   "reference (reads lengths on the host: not CUDA-graph capturable)",
+                   description)
+
+
+def _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc):
+    if query.dim() != 3 or key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
+        raise ValueError(f"query {tuple(query.shape)}, key_cache {tuple(key_cache.shape)} and "
+                         f"value_cache {tuple(value_cache.shape)} are invalid: expected "
+                         "[T, Hq, D] and two equal [num_blocks, b, Hkv, D]")
+    if query.shape[1] % key_cache.shape[2] or query.shape[2] != key_cache.shape[3]:
+        raise ValueError(f"query has {query.shape[1]} heads of dim {query.shape[2]}: expected a "
+                         f"multiple of the cache's {key_cache.shape[2]} heads of dim "
+                         f"{key_cache.shape[3]}")
+    if not supports(query, key_cache, value_cache):
+        raise ValueError(f"dtype {query.dtype}/{key_cache.dtype}/{value_cache.dtype} or strides "
+                         f"are invalid: expected one of {SUPPORTED_DTYPES} for all three and a "
+                         "contiguous last dim")
+    num_reqs = seq_lens.shape[0]
+    if block_table.dim() != 2 or block_table.shape[0] != num_reqs or \
+            tuple(query_start_loc.shape) != (num_reqs + 1,):
+        raise ValueError(f"block_table {tuple(block_table.shape)}, seq_lens "
+                         f"{tuple(seq_lens.shape)} and query_start_loc "
+                         f"{tuple(query_start_loc.shape)} are invalid: expected [R, width], "
+                         "[R] and [R+1]")

@@ -1,0 +1,117 @@
+"""The dspark-compile command line: commands, exit codes and messages."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_compile import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_module_entry_point_help():
+    result = subprocess.run([sys.executable, "-m", "dspark_compile", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for command in ("demo", "inspect", "check-ascend", "bench"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", ["demo", "inspect", "check-ascend", "bench"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert f"dspark-compile {command}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["demo", "--window", "0"], "argument --window: 0 is invalid: expected a positive int"),
+    (["demo", "--contexts", "12x"], "argument --contexts: '12x' is not an int"),
+    (["inspect", "--method", "medusa"], "argument --method: invalid choice: 'medusa'"),
+    (["inspect", "--bogus"], "unrecognized arguments: --bogus"),
+    ([], "the following arguments are required: COMMAND"),
+])
+def test_bad_arguments_exit_2_with_one_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["inspect", "--window", "-3"], "--window=-3 is invalid: expected a positive int, or 0"),
+    (["inspect", "--window", "2", "--method", "eagle3", "--num-speculative-tokens", "3"],
+     "future_offset=3 is invalid for draft_window_size=2"),
+    (["demo", "--device", "nonsense"], "--device='nonsense' is invalid"),
+])
+def test_bad_values_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"dspark-compile {argv[0]}: error: ") and message in err[-1]
+    assert not (tmp_path / "dspark_inspect").exists()
+
+
+def test_bench_without_cuda(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "--sizes", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "dspark-compile bench: error: no CUDA device: the benchmarks time GPU kernels "
+        "(torch.cuda.is_available() is False)")
+
+
+def test_bench_without_the_script(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "BENCH_SCRIPT", tmp_path / "missing.py")
+    assert cli.main(["bench"]) == 2
+    assert "benchmark script not found at" in capsys.readouterr().err
+
+
+def test_bench_passes_its_arguments_to_the_script(monkeypatch, tmp_path):
+    script = tmp_path / "bench_draft_window.py"
+    record = tmp_path / "argv.txt"
+    script.write_text(f"def main(argv):\n    open({str(record)!r}, 'w').write(repr(argv))\n"
+                      "    return 3\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "BENCH_SCRIPT", script)
+    assert cli.main(["bench", "--contexts", "4096", "--window", "512"]) == 3
+    assert record.read_text() == repr(["--contexts", "4096", "--window", "512"])
+    assert cli.main(["bench", "--", "--help"]) == 3
+    assert record.read_text() == repr(["--help"])
+
+
+def test_demo_prints_the_table_and_succeeds(capsys):
+    assert cli.main(["demo", "--contexts", "80", "--window", "32", "--requests", "2",
+                     "--lowering", "aot_eager"]) == 0
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.strip().startswith("80 |")]
+    assert len(rows) == 1
+    assert rows[0].split("|")[4].strip() == "4"  # 4 layers rewritten
+    assert "OK: compiled outputs match the eager references" in captured.out
+    assert "demo [" in captured.err  # progress
+
+
+def test_inspect_command_writes_the_dump(tmp_path, capsys):
+    dump = tmp_path / "dump"
+    assert cli.main(["inspect", "--dump-dir", str(dump), "--lowering", "aot_eager",
+                     "--context", "48", "--window", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "attention calls found 2, rewritten 2, window computations inserted 1" in out
+    summary = (dump / "summary.md").read_text()
+    assert "draft_window_size (W): 16" in summary
+    assert "NPU-route graph" in summary  # eager lowering: the graph torchair would get
+    assert "every inserted op is convertible by torchair's GE graph mode" in summary
+    assert cli.main(["inspect", "--dump-dir", str(dump)]) == 2  # not empty
+    assert "is not empty" in capsys.readouterr().err
+
+
+def test_check_ascend_command(capsys):
+    assert cli.main(["check-ascend", "--inserted-only", "--window", "16"]) == 0
+    assert "convertible by torchair's GE graph mode" in capsys.readouterr().out
+    assert cli.main(["check-ascend", "--window", "16"]) == 1  # the reference custom ops
+    out = capsys.readouterr().out
+    assert "torch.ops.dspark.paged_attention.default" in out
