@@ -11,6 +11,10 @@ from dspark_compile.ascend import AscendCheck, check_ascend
 from dspark_compile.backend import dspark_backend, valid_options
 from dspark_compile.config import METHODS, DraftWindowConfig
 from dspark_compile.inspection import InspectionReport, inspect
+from dspark_compile.models.markov_sampling import (
+    DSparkMarkovHead, block_sample_indices, gumbel_noise, sample_sequential)
+from dspark_compile.kernels.sparse_mla import causal_width, noncausal_width
+from dspark_compile.passes import DSparkNonCausalIndexPass
 from dspark_compile.passes import (
     AttentionOpSpec, DraftWindowPass, PassManager, PassRecord, attention_op_specs,
     clear_pass_records, pass_records, register_attention_op, unregister_attention_op)
@@ -31,4 +35,6 @@ __all__ = [
     "unregister_attention_op", "valid_options", "window_seq_lens",
     "window_seq_lens_and_block_table", "window_upper_bound", "windowed_len_bound",
     "AscendCheck", "InspectionReport", "check_ascend", "inspect",
+    "DSparkMarkovHead", "block_sample_indices", "gumbel_noise", "sample_sequential",
+    "DSparkNonCausalIndexPass", "causal_width", "noncausal_width",
 ]

@@ -23,6 +23,7 @@ from dspark_compile.config import DraftWindowConfig
 from dspark_compile.passes import DraftWindowPass, PassManager
 from dspark_compile.passes.base import DSparkPass
 from dspark_compile.passes.manager import GraphHook
+from dspark_compile.passes.dspark_noncausal import DSparkNonCausalIndexPass
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,10 @@ def valid_options() -> tuple[str, ...]:
 
 def build_passes(config: DraftWindowConfig, decompositions: str) -> list[DSparkPass]:
     """The dspark passes for ``config``, in the order they run."""
-    return [DraftWindowPass(config, decompositions=decompositions)]
+    passes: list[DSparkPass] = [DraftWindowPass(config, decompositions=decompositions)]
+    if config.method == "dspark":
+        passes.append(DSparkNonCausalIndexPass(config))
+    return passes
 
 
 def parse_options(options: Optional[Mapping[str, Any]]) -> tuple[DraftWindowConfig, dict]:

@@ -1,0 +1,191 @@
+"""Triton kernels for sparse-MLA index generation and sparse MLA attention.
+
+Semantics are those of the torch references in ``sparse_mla`` (tested
+against them). No host synchronisation: an index row that does not fit
+``width`` raises a flag that an asynchronous device assert checks (on CPU,
+under ``TRITON_INTERPRET=1``, the check is immediate).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dspark_compile.kernels.sparse_mla import check_index_args, check_sparse_mla_args
+
+INDEX_BLOCK = 128
+
+
+@triton.jit
+def _swa_indices_kernel(seq_lens_ptr, qsl_ptr, block_table_ptr, bt_stride, slot_mapping_ptr,
+                        out_ptr, out_stride, overflow_ptr, num_reqs, max_blocks, block_size,
+                        window_size, width, NONCAUSAL: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    token = tl.program_id(0)
+    reqs = tl.arange(0, BLOCK_R)
+    ends = tl.load(qsl_ptr + 1 + reqs, mask=reqs < num_reqs, other=2147483647)
+    req = tl.sum((ends <= token).to(tl.int32), axis=0)
+    valid = req < num_reqs
+    req = tl.minimum(req, tl.maximum(num_reqs - 1, 0))
+    q_begin = tl.load(qsl_ptr + req).to(tl.int64)
+    q_end = tl.load(qsl_ptr + req + 1).to(tl.int64)
+    seq = tl.load(seq_lens_ptr + req).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    valid = valid & (slot >= 0)
+    ctx = seq - (q_end - q_begin)
+    if NONCAUSAL:
+        lo = tl.maximum(ctx - window_size, 0)
+        hi = seq
+    else:
+        q_pos = ctx + (token - q_begin)
+        lo = tl.maximum(q_pos - window_size + 1, 0)
+        hi = q_pos + 1
+    valid = valid & (hi > lo)
+    if valid & (hi - lo > width):
+        tl.store(overflow_ptr, 1)
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, width, BLOCK):
+        col = start + cols
+        kv_pos = lo + col
+        block_col = kv_pos // block_size
+        visible = valid & (kv_pos < hi) & (block_col < max_blocks)
+        block = tl.load(block_table_ptr + req.to(tl.int64) * bt_stride + block_col,
+                        mask=visible, other=0).to(tl.int64)
+        slots = tl.where(visible, block * block_size + (kv_pos - block_col * block_size), -1)
+        tl.store(out_ptr + token.to(tl.int64) * out_stride + col, slots.to(tl.int32),
+                 mask=col < width)
+
+
+def launch_index_kernel(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
+                        window_size, width, noncausal):
+    """Run the index kernel; returns ``(indices [T, width] int32, overflow [1] int32)``.
+
+    ``overflow`` is 1 when some valid token's range is longer than ``width``
+    (its row is then incomplete); nothing is checked here.
+    """
+    check_index_args(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
+                     window_size, width)
+    num_tokens, num_reqs = slot_mapping.shape[0], seq_lens.shape[0]
+    device = slot_mapping.device
+    out = torch.empty((num_tokens, width), dtype=torch.int32, device=device)
+    overflow = torch.zeros(1, dtype=torch.int32, device=device)
+    if num_tokens == 0:
+        return out, overflow
+    if num_reqs == 0 or block_table.shape[1] == 0:
+        return out.fill_(-1), overflow
+    table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+    _swa_indices_kernel[(num_tokens,)](
+        seq_lens, query_start_loc, table, table.stride(0), slot_mapping, out, out.stride(0),
+        overflow, num_reqs, table.shape[1], block_size, window_size, width,
+        NONCAUSAL=noncausal, BLOCK_R=triton.next_power_of_2(max(num_reqs, 1)),
+        BLOCK=INDEX_BLOCK)
+    return out, overflow
+
+
+def _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size, window_size,
+             width, noncausal):
+    out, overflow = launch_index_kernel(seq_lens, query_start_loc, block_table, slot_mapping,
+                                        block_size, window_size, width, noncausal)
+    form = "non-causal block" if noncausal else "causal window"
+    message = (f"a token's {form} is longer than width={width}: widen the index "
+               f"(non-causal needs ceil((W + max_q_len) / 128) * 128)")
+    if overflow.device.type == "cpu":
+        if int(overflow) != 0:
+            raise ValueError(message)
+    else:
+        torch._assert_async(overflow == 0, message)
+    return out
+
+
+def swa_indices_triton(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
+                       window_size, width):
+    """Triton ``dspark.swa_indices`` (causal); see ``sparse_mla.swa_indices_ref``."""
+    return _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
+                    window_size, width, noncausal=False)
+
+
+def noncausal_swa_indices_triton(seq_lens, query_start_loc, block_table, slot_mapping,
+                                 block_size, window_size, width):
+    """Triton ``dspark.noncausal_swa_indices``; see ``sparse_mla.noncausal_swa_indices_ref``."""
+    return _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
+                    window_size, width, noncausal=True)
+
+
+@triton.jit
+def _sparse_mla_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride,
+                       out_ptr, out_stride_t, out_stride_h, num_heads, width, scale,
+                       LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
+                       BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                       PRECISION: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_mask = heads < num_heads
+    lat = tl.arange(0, BLOCK_L)
+    lat_mask = lat < LORA
+    rope = tl.arange(0, BLOCK_P)
+    rope_mask = rope < ROPE
+    q_rows = q_ptr + token * q_stride_t + heads[:, None] * q_stride_h
+    q_lat = tl.load(q_rows + lat[None, :], mask=head_mask[:, None] & lat_mask[None, :], other=0.0)
+    q_rope = tl.load(q_rows + LORA + rope[None, :],
+                     mask=head_mask[:, None] & rope_mask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_L], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, width, BLOCK_N):
+        col = start + cols
+        slot = tl.load(idx_ptr + token * idx_stride + col, mask=col < width, other=-1)
+        live = slot >= 0
+        if tl.sum(live.to(tl.int32), axis=0) > 0:
+            rows = kv_ptr + tl.where(live, slot, 0).to(tl.int64)[:, None] * kv_stride
+            kv_lat = tl.load(rows + lat[None, :], mask=live[:, None] & lat_mask[None, :],
+                             other=0.0)
+            kv_rope = tl.load(rows + LORA + rope[None, :],
+                              mask=live[:, None] & rope_mask[None, :], other=0.0)
+            scores = tl.dot(q_lat, tl.trans(kv_lat), input_precision=PRECISION)
+            scores += tl.dot(q_rope, tl.trans(kv_rope), input_precision=PRECISION)
+            scores = tl.where(live[None, :], scores * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(scores - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
+                                                input_precision=PRECISION)
+            m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out_rows = out_ptr + token * out_stride_t + heads[:, None] * out_stride_h
+    tl.store(out_rows + lat[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=head_mask[:, None] & lat_mask[None, :])
+
+
+def sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Tensor,
+                                indices: torch.Tensor, scale: float,
+                                kv_lora_rank: int) -> torch.Tensor:
+    """Triton ``dspark.sparse_mla_attention``; see ``sparse_mla.sparse_mla_attention_ref``.
+
+    One program per (token, block of heads); online softmax over blocks of
+    ``BLOCK_N`` indices, skipping blocks that are all ``-1``.
+    """
+    check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
+    num_tokens, num_heads, head_dim = query.shape
+    out = torch.empty((num_tokens, num_heads, kv_lora_rank), dtype=query.dtype,
+                      device=query.device)
+    if num_tokens == 0 or num_heads == 0:
+        return out
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    kv = kv_cache.reshape(-1, head_dim)
+    kv = kv if kv.stride(-1) == 1 else kv.contiguous()
+    indices = indices if indices.stride(-1) == 1 else indices.contiguous()
+    rope_dim = head_dim - kv_lora_rank
+    block_h = max(16, min(64, triton.next_power_of_2(num_heads)))
+    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    _sparse_mla_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
+        query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
+        out, out.stride(0), out.stride(1), num_heads, indices.shape[1], float(scale),
+        LORA=kv_lora_rank, ROPE=rope_dim, BLOCK_H=block_h,
+        BLOCK_L=max(16, triton.next_power_of_2(kv_lora_rank)),
+        BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=32,
+        PRECISION=precision)
+    return out

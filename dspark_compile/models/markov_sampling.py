@@ -1,0 +1,154 @@
+"""DSpark Markov head and sequential sampling (DESIGN.md section 1.2).
+
+DSpark drafts a whole block in one non-causal forward, then injects the
+left-to-right dependency while sampling: for step i,
+``logits_i = base_logits[:, i] + bias(embed(prev))`` with ``prev`` the token
+sampled at step i-1 (the anchor token for i = 0).
+
+Sampling is greedy argmax at temperature 0, else Gumbel-max with noise that
+is a pure function of ``(seed, position, token id)`` (``gumbel_noise``), so a
+verifier can regenerate it. Everything is fixed-shape torch ops over a fixed
+number of steps: no host synchronisation, capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+_MASK32 = 0xFFFFFFFF
+
+
+class DSparkMarkovHead(nn.Module):
+    """Low-rank Markov bias ``B(prev) = bias(embed(prev))``: ``[V] -> r -> [V]``.
+
+    ``forward(prev_tokens [R] int) -> [R, V]``.
+    """
+
+    def __init__(self, vocab_size: int, rank: int) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("rank", rank)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
+        self.embed = nn.Embedding(vocab_size, rank)
+        self.bias = nn.Linear(rank, vocab_size, bias=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.num_embeddings
+
+    def forward(self, prev_tokens: torch.Tensor) -> torch.Tensor:
+        return self.bias(self.embed(prev_tokens))
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` for ``0 <= x < 2**32`` in int64 without overflow."""
+    low = x * (c & 0xFFFF)
+    high = torch.bitwise_and(x * (c >> 16), 0xFFFF) * 0x10000
+    return torch.bitwise_and(low + high, _MASK32)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """The ``lowbias32`` integer hash on uint32 values held in int64."""
+    x = torch.bitwise_xor(x, x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = torch.bitwise_xor(x, x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return torch.bitwise_xor(x, x >> 16)
+
+
+def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise ``[R, V]`` float32, a pure function of (seed, position, token).
+
+    ``h = mix(mix(mix(seed_lo ^ mix(seed_hi)) ^ position) + token)`` (32-bit
+    ``lowbias32`` mixes), ``u = ((h >> 9) + 0.5) / 2**23`` (exact in float32,
+    strictly inside (0, 1)), noise ``-log(-log(u))`` in float32.
+    ``seeds``, ``positions``: ``[R]`` ints.
+    """
+    seeds = seeds.to(torch.int64)
+    key = torch.bitwise_xor(torch.bitwise_and(seeds, _MASK32),
+                            _mix32(torch.bitwise_and(seeds >> 32, _MASK32)))
+    key = _mix32(torch.bitwise_xor(_mix32(key), torch.bitwise_and(positions.to(torch.int64),
+                                                                   _MASK32)))
+    tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    bits = _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
+    uniform = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / float(1 << 23))
+    return -torch.log(-torch.log(uniform))
+
+
+def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                      markov_head: nn.Module, temperature: Union[float, torch.Tensor],
+                      seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
+                      ) -> torch.Tensor:
+    """Sample a draft block left to right through the Markov head.
+
+    Args:
+        base_logits: ``[R, N, V]`` logits of the non-causal block forward.
+        anchor_tokens: ``[R]`` token before the block (``prev`` of step 0).
+        markov_head: ``prev [R] -> bias [R, V]`` (``DSparkMarkovHead``).
+        temperature: a float or ``[R]`` tensor; rows at 0 are greedy (argmax),
+            others Gumbel-max over ``logits / temperature``.
+        seeds: ``[R]`` int seeds of the noise.
+        positions: ``[R]`` position of step 0 (noise key of step i is
+            ``positions + i``); defaults to 0.
+    Returns:
+        ``[R, N]`` int64 tokens. No host synchronisation.
+    """
+    if base_logits.dim() != 3:
+        raise ValueError(f"base_logits has shape {tuple(base_logits.shape)}: expected [R, N, V]")
+    num_reqs, num_steps, vocab = base_logits.shape
+    for name, tensor in (("anchor_tokens", anchor_tokens), ("seeds", seeds),
+                         ("positions", positions)):
+        if tensor is not None and tuple(tensor.shape) != (num_reqs,):
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}: expected [{num_reqs}]")
+    device = base_logits.device
+    if positions is None:
+        positions = torch.zeros(num_reqs, dtype=torch.int64, device=device)
+    greedy_only = isinstance(temperature, (int, float)) and temperature == 0
+    if isinstance(temperature, (int, float)):
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature!r} is invalid: expected >= 0")
+        temperature = torch.full((num_reqs,), float(temperature), device=device)
+    elif tuple(temperature.shape) != (num_reqs,):
+        raise ValueError(f"temperature has shape {tuple(temperature.shape)}: expected a float "
+                         f"or [{num_reqs}]")
+    temperature = temperature.to(device=device, dtype=torch.float32).unsqueeze(1)
+    greedy_rows = temperature == 0
+    safe_temperature = torch.where(greedy_rows, torch.ones_like(temperature), temperature)
+    prev = anchor_tokens.to(torch.int64)
+    tokens = []
+    for step in range(num_steps):
+        logits = base_logits[:, step].float() + markov_head(prev).float()
+        token = logits.argmax(dim=-1)
+        if not greedy_only:
+            noise = gumbel_noise(seeds, positions.to(torch.int64) + step, vocab)
+            sampled = (logits / safe_temperature + noise).argmax(dim=-1)
+            token = torch.where(greedy_rows.squeeze(1), token, sampled)
+        tokens.append(token)
+        prev = token
+    if not tokens:
+        return torch.empty((num_reqs, 0), dtype=torch.int64, device=device)
+    return torch.stack(tokens, dim=1)
+
+
+def block_sample_indices(query_start_loc: torch.Tensor, num_steps: int, num_rows: int,
+                         offset: int = 1) -> torch.Tensor:
+    """Token rows whose logits drive each draft step: ``[num_rows, num_steps]`` int64.
+
+    Request r (``r < len(query_start_loc) - 1``) maps step i to token
+    ``query_start_loc[r] + offset + i`` (offset 1 skips the anchor/bonus token
+    of a DFlash-style block); entries past the request's tokens and every
+    padding row ``r >= num_reqs`` (CUDA-graph padding) are ``-1``, never 0.
+    """
+    num_reqs = query_start_loc.shape[0] - 1
+    if num_reqs > num_rows:
+        raise ValueError(f"num_rows={num_rows} is invalid: expected >= num_reqs ({num_reqs})")
+    device = query_start_loc.device
+    locs = torch.full((num_rows + 1,), 0, dtype=torch.int64, device=device)
+    locs[:num_reqs + 1] = query_start_loc.to(torch.int64)
+    rows = torch.arange(num_rows, device=device)
+    index = locs[:-1].unsqueeze(1) + offset + torch.arange(num_steps, device=device).unsqueeze(0)
+    valid = (rows < num_reqs).unsqueeze(1) & (index < locs[1:].unsqueeze(1))
+    return torch.where(valid, index, torch.full_like(index, -1))
