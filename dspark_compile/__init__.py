@@ -1,7 +1,9 @@
 """dspark-compile: torch.compile passes for speculative-decoding draft models.
 
 ``torch.compile(draft, backend="dspark", options={"draft_window_size": 2048,
-"method": "dflash"})`` windows every draft attention call (DESIGN.md 1.1).
+"method": "dflash"})`` windows every draft attention call (DESIGN.md 1.1);
+``method="dspark"`` also swaps causal sparse-MLA indices for the DSpark
+non-causal block form (DESIGN.md 1.2).
 """
 
 import logging
@@ -14,14 +16,14 @@ from dspark_compile.inspection import InspectionReport, inspect
 from dspark_compile.models.markov_sampling import (
     DSparkMarkovHead, block_sample_indices, gumbel_noise, sample_sequential)
 from dspark_compile.kernels.sparse_mla import causal_width, noncausal_width
-from dspark_compile.passes import DSparkNonCausalIndexPass
 from dspark_compile.passes import (
-    AttentionOpSpec, DraftWindowPass, PassManager, PassRecord, attention_op_specs,
+    AttentionOpSpec, DraftWindowPass, DSparkNonCausalIndexPass, PassManager, PassRecord, attention_op_specs,
     clear_pass_records, pass_records, register_attention_op, unregister_attention_op)
 from dspark_compile.window import (
     SlidingWindowAdapter, WindowBounds, WindowedMetadata, compute_window,
     gather_window_block_table, max_window_blocks, window_seq_lens,
-    window_seq_lens_and_block_table, window_upper_bound, windowed_len_bound)
+    window_seq_lens_and_block_table, window_seq_lens_and_block_table_packed,
+    window_upper_bound, windowed_len_bound)
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -33,7 +35,8 @@ __all__ = [
     "attention_op_specs", "clear_pass_records", "compute_window", "dspark_backend",
     "gather_window_block_table", "max_window_blocks", "pass_records", "register_attention_op",
     "unregister_attention_op", "valid_options", "window_seq_lens",
-    "window_seq_lens_and_block_table", "window_upper_bound", "windowed_len_bound",
+    "window_seq_lens_and_block_table", "window_seq_lens_and_block_table_packed",
+    "window_upper_bound", "windowed_len_bound",
     "AscendCheck", "InspectionReport", "check_ascend", "inspect",
     "DSparkMarkovHead", "block_sample_indices", "gumbel_noise", "sample_sequential",
     "DSparkNonCausalIndexPass", "causal_width", "noncausal_width",

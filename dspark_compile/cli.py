@@ -145,60 +145,76 @@ def run_demo_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--device={args.device!r} is invalid: no CUDA device is available")
     if args.draft == "dspark":
         return run_dspark_demo_command(args)
-    print(f"dspark-compile demo: DFlash reference draft (4 layers, GQA 8/2, head_dim 64, "
-          f"block 16, q_len 8, non-causal), W={args.window}, {args.requests} requests, "
-          f"lowering={args.lowering}, device={args.device}")
-    header = (f"{'context':>8} | {'windowed err':>12} | {'full err':>9} | {'window effect':>13} | "
-              f"{'rewritten':>9} | {'windows':>7} | {'full ms':>8} | {'windowed ms':>11} | speedup")
-    print(header)
-    print("-" * len(header), flush=True)
-    ok = True
-    rows = run_demo(args.contexts, args.window, num_requests=args.requests,
-                    lowering=args.lowering, device=args.device)
-    progress = TextProgress(len(args.contexts), "demo")
-    for i, context in enumerate(args.contexts):
-        progress.show(i, f"context {context}: compiling, checking, timing")
-        row = next(rows)
-        progress.clear()
-        print(f"{row.context_len:>8} | {row.windowed_max_err:>12.2e} | {row.full_max_err:>9.2e} | "
-              f"{row.window_effect:>13.2e} | {row.rewritten_calls:>9} | "
-              f"{row.window_computations:>7} | {row.full_ms:>8.2f} | {row.windowed_ms:>11.2f} | "
-              f"{row.speedup:>6.2f}x   [{i + 1}/{len(args.contexts)}]", flush=True)
-        ok &= row.windowed_max_err < 1e-3 and row.full_max_err < 1e-3
-    print("err: max |compiled - eager reference|; window effect: max |windowed - full| "
-          "(0 when W covers the whole context)")
-    print("OK: compiled outputs match the eager references" if ok else
-          "MISMATCH: compiled outputs differ from the eager references")
-    return 0 if ok else 1
+    return _print_demo_table(
+        title=(f"dspark-compile demo: DFlash reference draft (4 layers, GQA 8/2, head_dim 64, "
+               f"block 16, q_len 8, non-causal), W={args.window}, {args.requests} requests, "
+               f"lowering={args.lowering}, device={args.device}"),
+        columns=[("context", 8, "{:>8}", "context_len"),
+                 ("windowed err", 12, "{:>12.2e}", "windowed_max_err"),
+                 ("full err", 9, "{:>9.2e}", "full_max_err"),
+                 ("window effect", 13, "{:>13.2e}", "window_effect"),
+                 ("rewritten", 9, "{:>9}", "rewritten_calls"),
+                 ("windows", 7, "{:>7}", "window_computations"),
+                 ("full ms", 8, "{:>8.2f}", "full_ms"),
+                 ("windowed ms", 11, "{:>11.2f}", "windowed_ms"),
+                 ("speedup", 7, "{:>6.2f}x", "speedup")],
+        rows=run_demo(args.contexts, args.window, num_requests=args.requests,
+                      lowering=args.lowering, device=args.device),
+        contexts=args.contexts,
+        row_ok=lambda row: row.windowed_max_err < 1e-3 and row.full_max_err < 1e-3,
+        legend=("err: max |compiled - eager reference|; window effect: max |windowed - full| "
+                "(0 when W covers the whole context)"),
+        ok_message="OK: compiled outputs match the eager references",
+        bad_message="MISMATCH: compiled outputs differ from the eager references")
 
 
 def run_dspark_demo_command(args: argparse.Namespace) -> int:
     from dspark_compile.dspark_demo import run_dspark_demo
 
-    print(f"dspark-compile demo: DSpark reference draft (2 sparse-MLA layers, 8 heads, "
-          f"kv_lora_rank 64 + rope 32, block 16, q_len 8, Markov head), method=dspark, "
-          f"W={args.window}, {args.requests} requests, lowering={args.lowering}, "
-          f"device={args.device}")
-    header = (f"{'context':>8} | {'max err':>9} | {'non-causal effect':>17} | {'rewritten':>9} | "
-              f"{'tokens equal':>12} | {'eager ms':>8} | {'compiled ms':>11}")
+    return _print_demo_table(
+        title=(f"dspark-compile demo: DSpark reference draft (2 sparse-MLA layers, 8 heads, "
+               f"kv_lora_rank 64 + rope 32, block 16, q_len 8, Markov head), method=dspark, "
+               f"W={args.window}, {args.requests} requests, lowering={args.lowering}, "
+               f"device={args.device}"),
+        columns=[("context", 8, "{:>8}", "context_len"),
+                 ("max err", 9, "{:>9.2e}", "max_err"),
+                 ("non-causal effect", 17, "{:>17.2e}", "noncausal_effect"),
+                 ("rewritten", 9, "{:>9}", "rewritten_calls"),
+                 ("tokens equal", 12, "{!s:>12}", "tokens_equal"),
+                 ("eager ms", 8, "{:>8.2f}", "eager_ms"),
+                 ("compiled ms", 11, "{:>11.2f}", "compiled_ms")],
+        rows=run_dspark_demo(args.contexts, args.window, num_requests=args.requests,
+                             lowering=args.lowering, device=args.device),
+        contexts=args.contexts,
+        row_ok=lambda row: (row.max_err < 1e-3 and row.tokens_equal
+                            and row.rewritten_calls == 1),
+        legend=("max err: |compiled - eager non-causal reference|; non-causal effect: "
+                "|non-causal - causal| (the block's queries see later block tokens)"),
+        ok_message="OK: the compiled DSpark draft matches the eager non-causal reference",
+        bad_message="MISMATCH: the compiled DSpark draft differs from the eager reference")
+
+
+def _print_demo_table(title, columns, rows, contexts, row_ok, legend, ok_message,
+                      bad_message) -> int:
+    """Print one table row per context as the demo yields it; exit status 0 iff all rows pass.
+
+    ``columns``: (header, width, format, row attribute).
+    """
+    print(title)
+    header = " | ".join(f"{name:>{width}}" for name, width, _, _ in columns)
     print(header)
     print("-" * len(header), flush=True)
     ok = True
-    rows = run_dspark_demo(args.contexts, args.window, num_requests=args.requests,
-                           lowering=args.lowering, device=args.device)
-    progress = TextProgress(len(args.contexts), "demo")
-    for i, context in enumerate(args.contexts):
+    progress = TextProgress(len(contexts), "demo")
+    for i, context in enumerate(contexts):
         progress.show(i, f"context {context}: compiling, checking, timing")
         row = next(rows)
         progress.clear()
-        print(f"{row.context_len:>8} | {row.max_err:>9.2e} | {row.noncausal_effect:>17.2e} | "
-              f"{row.rewritten_calls:>9} | {str(row.tokens_equal):>12} | {row.eager_ms:>8.2f} | "
-              f"{row.compiled_ms:>11.2f}   [{i + 1}/{len(args.contexts)}]", flush=True)
-        ok &= row.max_err < 1e-3 and row.tokens_equal and row.rewritten_calls == 1
-    print("max err: |compiled - eager non-causal reference|; non-causal effect: "
-          "|non-causal - causal| (the block's queries see later block tokens)")
-    print("OK: the compiled DSpark draft matches the eager non-causal reference" if ok else
-          "MISMATCH: the compiled DSpark draft differs from the eager reference")
+        cells = " | ".join(fmt.format(getattr(row, attr)) for _, _, fmt, attr in columns)
+        print(f"{cells}   [{i + 1}/{len(contexts)}]", flush=True)
+        ok &= bool(row_ok(row))
+    print(legend)
+    print(ok_message if ok else bad_message)
     return 0 if ok else 1
 
 

@@ -40,7 +40,8 @@ class DemoRow:
         return self.full_ms / self.windowed_ms
 
 
-def _time_ms(fn: Callable[[], object], repeats: int) -> float:
+def best_time_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Best wall time of ``repeats`` calls after one warm-up call, in ms."""
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -99,8 +100,8 @@ def run_demo(context_lens: Sequence[int] = (1024, 4096, 16384), window_size: int
                 window_effect=(got_windowed - got_full).abs().max().item(),
                 rewritten_calls=sum(s["rewritten"] for s in stats),
                 window_computations=sum(s["window_computations"] for s in stats),
-                full_ms=_time_ms(lambda: full(*fixed_args), repeats),
-                windowed_ms=_time_ms(lambda: windowed(*fixed_args), repeats),
+                full_ms=best_time_ms(lambda: full(*fixed_args), repeats),
+                windowed_ms=best_time_ms(lambda: windowed(*fixed_args), repeats),
             )
         logger.info("demo row: %s", row)
         yield row

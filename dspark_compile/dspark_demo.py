@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
+from dspark_compile.demo import best_time_ms
 from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref, noncausal_width
 from dspark_compile.models import make_paged_batch
 from dspark_compile.models.dspark_draft import (DSparkDraftConfig, DSparkReferenceDraft,
@@ -35,16 +35,6 @@ class DSparkDemoRow:
     tokens_equal: bool         # greedy draft tokens: compiled == eager reference
     eager_ms: float
     compiled_ms: float
-
-
-def _time_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - begin)
-    return best * 1e3
 
 
 def run_dspark_demo(context_lens: Sequence[int] = (1024, 4096), window_size: int = 512,
@@ -85,7 +75,7 @@ def run_dspark_demo(context_lens: Sequence[int] = (1024, 4096), window_size: int
             model.index_override = noncausal
             try:
                 want = model(*args())
-                eager_ms = _time_ms(lambda: model(*args()), repeats)
+                eager_ms = best_time_ms(lambda: model(*args()), repeats)
             finally:
                 model.index_override = None
             torch._dynamo.reset()
@@ -103,7 +93,7 @@ def run_dspark_demo(context_lens: Sequence[int] = (1024, 4096), window_size: int
                 rewritten_calls=sum(s["rewritten"] for s in stats),
                 tokens_equal=bool(torch.equal(propose(got), propose(want))),
                 eager_ms=eager_ms,
-                compiled_ms=_time_ms(lambda: compiled(*args()), repeats),
+                compiled_ms=best_time_ms(lambda: compiled(*args()), repeats),
             )
         logger.info("dspark demo row: %s", row)
         yield row
