@@ -16,6 +16,9 @@ CASES = [
     ([40, 23, 8, 61], [8, 8, 8, 8], False, "dflash", 1, 12),     # DFlash blocks, W < q_len + ...
     ([50, 30, 5, 19], [6, 0, 5, 3], True, "dflash", 1, 16),      # empty request, seq < block
     ([33, 70], [4, 4], False, "dspark", 1, 200),                  # W larger than every seq
+    ([33, 70], [4, 4], False, "dflash", 1, 60),                   # more window columns than
+    ([5, 9, 17], [1, 1, 1], True, "dflash", 1, 40),               #   the full table has
+    ([50, 30], [2, 2], False, "eagle3", 1, 33),
 ]
 
 
@@ -142,9 +145,10 @@ def test_inductor_fuses_window_arithmetic_and_gather_into_one_kernel():
     with torch.no_grad():
         _, [code] = run_and_get_code(compiled, *case.args(*case.clone_caches()))
     call_body = code[code.index("def call("):]
-    # floor_divide_integral is the window's floor(x / b); the gather is an indexed load.
+    # The window's floor(x / b) (spelled floor_divide_integral or div_floor_integer
+    # depending on the torch version); the gather is an indexed load.
     window_kernels = [name for name, body in _cpp_kernels(code).items()
-                      if "floor_divide_integral" in body]
+                      if "floor_divide_integral" in body or "div_floor_integer" in body]
     assert len(window_kernels) == 1, code
     launches = re.findall(rf"^\s*{window_kernels[0]}\((.*)\)$", call_body, re.M)
     assert len(launches) == 1

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 import torch.fx
+from torch.torch_version import TorchVersion
 
 from dspark_compile import window
 from dspark_compile.config import DraftWindowConfig
@@ -75,7 +76,7 @@ class DraftWindowPass(DSparkPass):
             table = get_arg(call, spec.arg_index(spec.block_table), spec.block_table)
             key = (seq_lens, table, block_size)
             if key not in windows:
-                fn = functools.partial(window.window_seq_lens_and_block_table_packed,
+                fn = functools.partial(_window_fn(),
                                        window_size=params[0], block_size=params[1],
                                        future_offset=params[2])
                 windows[key] = insert_traced(graph, call, fn, [seq_lens, table],
@@ -124,6 +125,18 @@ class DraftWindowPass(DSparkPass):
                 f"the KV block size of {call.name} ({spec.op}) is not static ({size!r}): set "
                 "the block_size option, or torch._dynamo.mark_static(cache, 1)")
         return size
+
+
+def _window_fn():
+    """The window code the pass inserts.
+
+    torch >= 2.14: the packed form (one buffer, one kernel for every layer).
+    Older Inductor miscompiles the packed form on CPU (wrong lengths, measured
+    with torch 2.11 on 2026-11-30), so there the pass inserts two tensors.
+    """
+    if TorchVersion(torch.__version__) >= "2.14":
+        return window.window_seq_lens_and_block_table_packed
+    return window.window_seq_lens_and_block_table
 
 
 def _window_bound(graph: torch.fx.Graph, call: torch.fx.Node, bound: Any, window_size: int,
