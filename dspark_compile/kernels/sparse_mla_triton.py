@@ -163,9 +163,11 @@ def _sparse_mla_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr
 def sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Tensor,
                                 indices: torch.Tensor, scale: float,
                                 kv_lora_rank: int) -> torch.Tensor:
-    """Triton ``dspark.sparse_mla_attention``; see ``sparse_mla.sparse_mla_attention_ref``.
+    """Per-token sparse MLA attention; see ``sparse_mla.sparse_mla_attention_ref``.
 
-    One program per (token, block of heads); online softmax over blocks of
+    Not the registered CUDA kernel (``sparse_mla_grouped_triton`` is): kept as
+    the baseline the benchmarks compare with. It reloads a shared index row's
+    KV once per query token. One program per (token, block of heads); online softmax over blocks of
     ``BLOCK_N`` indices, skipping blocks that are all ``-1``.
     """
     check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
