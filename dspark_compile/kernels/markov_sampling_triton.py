@@ -42,7 +42,7 @@ def _mix32(x):
     return x ^ (x >> 16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])
 def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, seed_ptr,
                         pos_ptr, step, best_ptr, vocab, SAMPLE: tl.constexpr,
                         LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):

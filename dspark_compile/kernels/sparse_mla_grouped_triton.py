@@ -6,13 +6,15 @@ A program owns ``GROUP`` consecutive query tokens x ``BLOCK_H`` heads, i.e. a
 ``[GROUP * BLOCK_H, L+P]`` query tile, and walks its columns of ``indices`` in
 tiles of ``BLOCK_N`` slots, optionally split over ``num_splits`` programs
 (flash-decoding: per-split partial outputs and log-sum-exps, merged by a
-second kernel). Per tile it compares the group's index rows:
+second kernel). It is launched twice, ``SHARED=True`` then ``False``; a
+pre-scan of the group's index rows (index bytes only) makes each program
+active in exactly one launch, which runs a loop without branches inside:
 
-- all equal (every token of a DSpark non-causal block has the same row): the
+- rows all equal (every token of a DSpark non-causal block has the same row): the
   ``BLOCK_N`` KV rows are loaded once and multiplied with the whole query
   tile on tensor cores (``tl.dot``), so KV traffic is once per group instead
   of once per token;
-- different (causal rows, shifted by one column per token, or a group that
+- rows different (causal rows, shifted by one column per token, or a group that
   straddles two requests): each token's tile is loaded separately and the
   products are masked to that token's query rows. Results are exact; the
   cost is ``GROUP`` tile loads (neighbouring causal windows overlap, so most
@@ -25,12 +27,15 @@ holes. Math in float32, output in the query's dtype.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 import triton
 import triton.language as tl
 
 from dspark_compile.kernels.sparse_mla import check_sparse_mla_args
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +71,7 @@ def _grouped_sparse_mla_kernel(
         num_tokens, num_heads, width, cols_per_split, scale,
         LORA: tl.constexpr, ROPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLIT: tl.constexpr, PRECISION: tl.constexpr):
+        SHARED: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
     pid_g = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -80,10 +85,6 @@ def _grouped_sparse_mla_kernel(
     lat_mask = lat < LORA
     rope = tl.arange(0, BLOCK_P)
     rope_mask = rope < ROPE
-    q_rows = q_ptr + token[:, None] * q_stride_t + head[:, None] * q_stride_h
-    q_lat = tl.load(q_rows + lat[None, :], mask=row_mask[:, None] & lat_mask[None, :], other=0.0)
-    q_rope = tl.load(q_rows + LORA + rope[None, :], mask=row_mask[:, None] & rope_mask[None, :],
-                     other=0.0)
     group_tok = t0 + tl.arange(0, GROUP)
     group_valid = group_tok < num_tokens
     m_i = tl.full([GROUP * BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -93,30 +94,49 @@ def _grouped_sparse_mla_kernel(
     col_lo = pid_s * cols_per_split
     col_hi = tl.minimum(width, col_lo + cols_per_split)
     idx_row = idx_ptr + t0.to(tl.int64) * idx_stride
+    # Pre-scan (index bytes only): do the group's rows agree on this split's columns?
+    differ = 0
     for start in range(col_lo, col_hi, BLOCK_N):
         col = start + cols
         col_mask = col < col_hi
         lead = tl.load(idx_row + col, mask=col_mask, other=-1)
         tile = tl.load(idx_ptr + group_tok.to(tl.int64)[:, None] * idx_stride + col[None, :],
                        mask=group_valid[:, None] & col_mask[None, :], other=-1)
-        differ = tl.sum(((tile != lead[None, :]) & group_valid[:, None]).to(tl.int32))
-        if differ == 0:
+        differ += tl.sum(((tile != lead[None, :]) & group_valid[:, None]).to(tl.int32))
+    if SHARED:
+        active = differ == 0
+    else:
+        active = differ != 0
+    row_mask = row_mask & active          # an inactive program reads no query, writes nothing
+    q_rows = q_ptr + token[:, None] * q_stride_t + head[:, None] * q_stride_h
+    q_lat = tl.load(q_rows + lat[None, :], mask=row_mask[:, None] & lat_mask[None, :], other=0.0)
+    q_rope = tl.load(q_rows + LORA + rope[None, :], mask=row_mask[:, None] & rope_mask[None, :],
+                     other=0.0)
+    if SHARED and active:
+        # Shared rows: one KV tile load serves the whole [GROUP * BLOCK_H] query tile.
+        for start in range(col_lo, col_hi, BLOCK_N):
+            col = start + cols
+            lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
             live = lead >= 0
-            if tl.sum(live.to(tl.int32), axis=0) > 0:
-                scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
-                                              lat_mask, rope, rope_mask, LORA, PRECISION)
-                scores = tl.where(live[None, :], scores * scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp(scores - m_safe[:, None])
-                alpha = tl.exp(m_i - m_safe)
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
-                                                    input_precision=PRECISION)
-                m_i = m_new
-        else:
+            scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
+                                          lat_mask, rope, rope_mask, LORA, PRECISION)
+            scores = tl.where(live[None, :], scores * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(scores - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
+                                                input_precision=PRECISION)
+            m_i = m_new
+    if (not SHARED) and active:
+        # Rows differ (causal, or a group straddling requests): each token's tile is
+        # loaded separately and its products are masked to that token's query rows.
+        for start in range(col_lo, col_hi, BLOCK_N):
+            col = start + cols
+            col_mask = col < col_hi
             scores = tl.full([GROUP * BLOCK_H, BLOCK_N], float("-inf"), dtype=tl.float32)
-            for g in tl.static_range(GROUP):
+            for g in range(GROUP):
                 slot = tl.load(idx_row + g * idx_stride + col,
                                mask=col_mask & (t0 + g < num_tokens), other=-1)
                 live = slot >= 0
@@ -130,7 +150,7 @@ def _grouped_sparse_mla_kernel(
             alpha = tl.exp(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None]
-            for g in tl.static_range(GROUP):
+            for g in range(GROUP):
                 slot = tl.load(idx_row + g * idx_stride + col,
                                mask=col_mask & (t0 + g < num_tokens), other=-1)
                 live = slot >= 0
@@ -178,6 +198,27 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, out_stride_t, out_st
              out.to(out_ptr.dtype.element_ty), mask=lat_mask)
 
 
+def default_config(dtype: torch.dtype) -> GroupedMLAConfig:
+    """Launch shape by element size: 16-bit inputs use ``GroupedMLAConfig()``; float32
+    (twice the shared memory per tile) a smaller tile."""
+    if dtype == torch.float32:
+        return GroupedMLAConfig(group=2, block_n=16, num_warps=4, num_stages=2)
+    return GroupedMLAConfig()
+
+
+def _smaller(cfg: GroupedMLAConfig) -> GroupedMLAConfig | None:
+    """The next smaller launch shape after an out-of-resources launch (None: none left)."""
+    if cfg.num_stages > 1:
+        return dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    if cfg.block_n > 16:
+        return dataclasses.replace(cfg, block_n=cfg.block_n // 2, num_stages=2)
+    if cfg.group * cfg.block_h > 16:
+        if cfg.group > 1:
+            return dataclasses.replace(cfg, group=cfg.group // 2, num_stages=2)
+        return dataclasses.replace(cfg, block_h=cfg.block_h // 2, num_stages=2)
+    return None
+
+
 def _default_splits(programs: int, width: int, block_n: int, device: torch.device) -> int:
     """Splits so that about two programs per SM run (CPU: 1)."""
     if device.type != "cuda":
@@ -192,7 +233,20 @@ def grouped_sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Ten
                                         config: GroupedMLAConfig | None = None) -> torch.Tensor:
     """Triton ``dspark.sparse_mla_attention`` (module docstring); returns ``[T, H, L]``."""
     check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
-    cfg = config or GroupedMLAConfig()
+    cfg = config or default_config(query.dtype)
+    while True:
+        try:
+            return _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg)
+        except triton.runtime.errors.OutOfResources:
+            smaller = _smaller(cfg)
+            if smaller is None:
+                raise
+            logger.info("sparse MLA launch %s needs too much shared memory: trying %s", cfg,
+                        smaller)
+            cfg = smaller
+
+
+def _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg):
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty((num_tokens, num_heads, kv_lora_rank), dtype=query.dtype,
                       device=query.device)
@@ -220,14 +274,16 @@ def grouped_sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Ten
     else:
         part_o = part_lse = out
     block_l = max(16, triton.next_power_of_2(kv_lora_rank))
-    _grouped_sparse_mla_kernel[(groups, head_blocks, splits)](
-        query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
-        out, out.stride(0), out.stride(1), part_o, part_lse,
-        num_tokens, num_heads, width, cols_per_split, float(scale),
-        LORA=kv_lora_rank, ROPE=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_L=block_l,
-        BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=cfg.block_n,
-        SPLIT=splits > 1, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    for shared in (True, False):       # each program of a group is active in one launch
+        _grouped_sparse_mla_kernel[(groups, head_blocks, splits)](
+            query, query.stride(0), query.stride(1), kv, kv.stride(0), indices,
+            indices.stride(0), out, out.stride(0), out.stride(1), part_o, part_lse,
+            num_tokens, num_heads, width, cols_per_split, float(scale),
+            LORA=kv_lora_rank, ROPE=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_L=block_l,
+            BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=cfg.block_n,
+            SHARED=shared, SPLIT=splits > 1,
+            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
             part_o, part_lse, out, out.stride(0), out.stride(1), num_tokens, num_heads, splits,
