@@ -3,22 +3,20 @@
 Semantics: ``sparse_mla.sparse_mla_attention_ref`` (tested against it).
 
 A program owns ``GROUP`` consecutive query tokens x ``BLOCK_H`` heads, i.e. a
-``[GROUP * BLOCK_H, L+P]`` query tile, and walks its columns of ``indices`` in
-tiles of ``BLOCK_N`` slots, optionally split over ``num_splits`` programs
-(flash-decoding: per-split partial outputs and log-sum-exps, merged by a
-second kernel). It is launched twice, ``SHARED=True`` then ``False``; a
-pre-scan of the group's index rows (index bytes only) makes each program
-active in exactly one launch, which runs a loop without branches inside:
+``[GROUP * BLOCK_H, L+P]`` query tile. It first compares the group's index rows
+(index bytes only):
 
-- rows all equal (every token of a DSpark non-causal block has the same row): the
-  ``BLOCK_N`` KV rows are loaded once and multiplied with the whole query
-  tile on tensor cores (``tl.dot``), so KV traffic is once per group instead
-  of once per token;
-- rows different (causal rows, shifted by one column per token, or a group that
-  straddles two requests): each token's tile is loaded separately and the
-  products are masked to that token's query rows. Results are exact; the
-  cost is ``GROUP`` tile loads (neighbouring causal windows overlap, so most
-  hit L2) and ``GROUP`` times the tensor-core work of the shared case.
+- rows all equal (every token of a DSpark non-causal block has the same row):
+  it walks the columns in tiles of ``BLOCK_N`` slots, each KV tile loaded once
+  and multiplied with the whole query tile on tensor cores (``tl.dot``), so KV
+  traffic is once per group instead of once per token. Columns can be split
+  over ``num_splits`` programs (flash-decoding: partial outputs and
+  log-sum-exps, merged by a second kernel).
+- rows different (causal rows, shifted by one column per token, or a group
+  that straddles two requests): the program marks the group mixed and does
+  nothing; a third launch, the per-token kernel of ``sparse_mla_triton``,
+  computes those tokens (one program per token, KV loaded per token: the cost
+  of the per-token kernel plus one flag read per program for shared groups).
 
 No host synchronisation; any number of tokens, heads, ``width`` and ``-1``
 holes. Math in float32, output in the query's dtype.
@@ -34,6 +32,7 @@ import triton
 import triton.language as tl
 
 from dspark_compile.kernels.sparse_mla import check_sparse_mla_args
+from dspark_compile.kernels.sparse_mla_triton import launch_per_token
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +66,11 @@ def _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, slot, live, lat, lat_mask, ro
 @triton.jit
 def _grouped_sparse_mla_kernel(
         q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride,
-        out_ptr, out_stride_t, out_stride_h, part_o_ptr, part_lse_ptr,
+        out_ptr, out_stride_t, out_stride_h, part_o_ptr, part_lse_ptr, mixed_ptr,
         num_tokens, num_heads, width, cols_per_split, scale,
         LORA: tl.constexpr, ROPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-        SHARED: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
+        SPLIT: tl.constexpr, PRECISION: tl.constexpr):
     pid_g = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -80,86 +79,53 @@ def _grouped_sparse_mla_kernel(
     row_tok = rows // BLOCK_H
     token = (t0 + row_tok).to(tl.int64)
     head = pid_h * BLOCK_H + rows % BLOCK_H
-    row_mask = (token < num_tokens) & (head < num_heads)
     lat = tl.arange(0, BLOCK_L)
     lat_mask = lat < LORA
     rope = tl.arange(0, BLOCK_P)
     rope_mask = rope < ROPE
     group_tok = t0 + tl.arange(0, GROUP)
     group_valid = group_tok < num_tokens
-    m_i = tl.full([GROUP * BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GROUP * BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([GROUP * BLOCK_H, BLOCK_L], dtype=tl.float32)
     cols = tl.arange(0, BLOCK_N)
-    col_lo = pid_s * cols_per_split
-    col_hi = tl.minimum(width, col_lo + cols_per_split)
     idx_row = idx_ptr + t0.to(tl.int64) * idx_stride
-    # Pre-scan (index bytes only): do the group's rows agree on this split's columns?
+    # Pre-scan of the whole rows (index bytes only): does every token of the group
+    # list the same slots? Mixed groups are left to the per-token kernel.
     differ = 0
-    for start in range(col_lo, col_hi, BLOCK_N):
+    for start in range(0, width, BLOCK_N):
         col = start + cols
-        col_mask = col < col_hi
-        lead = tl.load(idx_row + col, mask=col_mask, other=-1)
+        lead = tl.load(idx_row + col, mask=col < width, other=-1)
         tile = tl.load(idx_ptr + group_tok.to(tl.int64)[:, None] * idx_stride + col[None, :],
-                       mask=group_valid[:, None] & col_mask[None, :], other=-1)
+                       mask=group_valid[:, None] & (col < width)[None, :], other=-1)
         differ += tl.sum(((tile != lead[None, :]) & group_valid[:, None]).to(tl.int32))
-    if SHARED:
-        active = differ == 0
-    else:
-        active = differ != 0
-    row_mask = row_mask & active          # an inactive program reads no query, writes nothing
+    shared = differ == 0
+    if (pid_h == 0) & (pid_s == 0):
+        tl.store(mixed_ptr + pid_g, (differ != 0).to(tl.int32))
+    # A mixed group's program reads no query, loops over no column, writes nothing.
+    row_mask = (token < num_tokens) & (head < num_heads) & shared
     q_rows = q_ptr + token[:, None] * q_stride_t + head[:, None] * q_stride_h
     q_lat = tl.load(q_rows + lat[None, :], mask=row_mask[:, None] & lat_mask[None, :], other=0.0)
     q_rope = tl.load(q_rows + LORA + rope[None, :], mask=row_mask[:, None] & rope_mask[None, :],
                      other=0.0)
-    if SHARED and active:
-        # Shared rows: one KV tile load serves the whole [GROUP * BLOCK_H] query tile.
-        for start in range(col_lo, col_hi, BLOCK_N):
-            col = start + cols
-            lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
-            live = lead >= 0
-            scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
-                                          lat_mask, rope, rope_mask, LORA, PRECISION)
-            scores = tl.where(live[None, :], scores * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
-                                                input_precision=PRECISION)
-            m_i = m_new
-    if (not SHARED) and active:
-        # Rows differ (causal, or a group straddling requests): each token's tile is
-        # loaded separately and its products are masked to that token's query rows.
-        for start in range(col_lo, col_hi, BLOCK_N):
-            col = start + cols
-            col_mask = col < col_hi
-            scores = tl.full([GROUP * BLOCK_H, BLOCK_N], float("-inf"), dtype=tl.float32)
-            for g in range(GROUP):
-                slot = tl.load(idx_row + g * idx_stride + col,
-                               mask=col_mask & (t0 + g < num_tokens), other=-1)
-                live = slot >= 0
-                part, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, slot, live, lat,
-                                            lat_mask, rope, rope_mask, LORA, PRECISION)
-                mine = (row_tok[:, None] == g) & live[None, :]
-                scores = tl.where(mine, part * scale, scores)
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-            for g in range(GROUP):
-                slot = tl.load(idx_row + g * idx_stride + col,
-                               mask=col_mask & (t0 + g < num_tokens), other=-1)
-                live = slot >= 0
-                kv_rows = kv_ptr + tl.where(live, slot, 0).to(tl.int64)[:, None] * kv_stride
-                kv_lat = tl.load(kv_rows + lat[None, :], mask=live[:, None] & lat_mask[None, :],
-                                 other=0.0)
-                p_g = tl.where(row_tok[:, None] == g, p, 0.0)
-                acc += tl.dot(p_g.to(kv_lat.dtype), kv_lat, input_precision=PRECISION)
-            m_i = m_new
+    m_i = tl.full([GROUP * BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP * BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([GROUP * BLOCK_H, BLOCK_L], dtype=tl.float32)
+    col_lo = pid_s * cols_per_split
+    col_hi = tl.where(shared, tl.minimum(width, col_lo + cols_per_split), col_lo)
+    # Shared rows: one KV tile load serves the whole [GROUP * BLOCK_H] query tile.
+    for start in range(col_lo, col_hi, BLOCK_N):
+        col = start + cols
+        lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
+        live = lead >= 0
+        scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
+                                      lat_mask, rope, rope_mask, LORA, PRECISION)
+        scores = tl.where(live[None, :], scores * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
+                                            input_precision=PRECISION)
+        m_i = m_new
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if SPLIT:
@@ -175,13 +141,13 @@ def _grouped_sparse_mla_kernel(
 
 
 @triton.jit
-def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, out_stride_t, out_stride_h,
-                         num_tokens, num_heads, num_splits, LORA: tl.constexpr,
-                         BLOCK_L: tl.constexpr):
+def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mixed_ptr, out_ptr, out_stride_t,
+                         out_stride_h, num_tokens, num_heads, num_splits, LORA: tl.constexpr,
+                         BLOCK_L: tl.constexpr, GROUP: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     lat = tl.arange(0, BLOCK_L)
-    lat_mask = lat < LORA
+    lat_mask = (lat < LORA) & (tl.load(mixed_ptr + token // GROUP) == 0)
     m = tl.full([], float("-inf"), dtype=tl.float32)
     for s in range(num_splits):
         m = tl.maximum(m, tl.load(part_lse_ptr + (s * num_tokens + token) * num_heads + head))
@@ -220,12 +186,13 @@ def _smaller(cfg: GroupedMLAConfig) -> GroupedMLAConfig | None:
 
 
 def _default_splits(programs: int, width: int, block_n: int, device: torch.device) -> int:
-    """Splits so that about two programs per SM run (CPU: 1)."""
+    """Splits so that the programs fill one wave of SMs (CPU: 1). One program per SM
+    fits (shared memory), and every split adds partial-output traffic, so no more."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles = triton.cdiv(width, block_n)
-    return max(1, min(tiles, triton.cdiv(2 * sms, max(programs, 1)), 8))
+    return max(1, min(tiles, sms // max(programs, 1), 8))
 
 
 def grouped_sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Tensor,
@@ -274,18 +241,19 @@ def _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg):
     else:
         part_o = part_lse = out
     block_l = max(16, triton.next_power_of_2(kv_lora_rank))
-    for shared in (True, False):       # each program of a group is active in one launch
-        _grouped_sparse_mla_kernel[(groups, head_blocks, splits)](
-            query, query.stride(0), query.stride(1), kv, kv.stride(0), indices,
-            indices.stride(0), out, out.stride(0), out.stride(1), part_o, part_lse,
-            num_tokens, num_heads, width, cols_per_split, float(scale),
-            LORA=kv_lora_rank, ROPE=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_L=block_l,
-            BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=cfg.block_n,
-            SHARED=shared, SPLIT=splits > 1,
-            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    mixed = torch.empty(groups, dtype=torch.int32, device=query.device)
+    _grouped_sparse_mla_kernel[(groups, head_blocks, splits)](
+        query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
+        out, out.stride(0), out.stride(1), part_o, part_lse, mixed,
+        num_tokens, num_heads, width, cols_per_split, float(scale),
+        LORA=kv_lora_rank, ROPE=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_L=block_l,
+        BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=cfg.block_n,
+        SPLIT=splits > 1, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            part_o, part_lse, out, out.stride(0), out.stride(1), num_tokens, num_heads, splits,
-            LORA=kv_lora_rank, BLOCK_L=block_l, num_warps=4)
+            part_o, part_lse, mixed, out, out.stride(0), out.stride(1), num_tokens, num_heads,
+            splits, LORA=kv_lora_rank, BLOCK_L=block_l, GROUP=group, num_warps=4)
+    # Tokens of mixed groups (causal rows, groups straddling requests): per token.
+    launch_per_token(query, kv, indices, out, scale, kv_lora_rank, mixed=mixed, group=group)
     return out
