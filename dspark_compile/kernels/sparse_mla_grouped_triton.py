@@ -41,7 +41,12 @@ logger = logging.getLogger(__name__)
 class GroupedMLAConfig:
     """Launch shape: ``group`` tokens x ``block_h`` heads per program, ``block_n``
     slots per tile, ``num_splits`` programs along the index columns (``None``:
-    enough programs to fill the GPU)."""
+    enough to fill one wave of SMs).
+
+    The defaults are the fastest 16-bit shape measured on the H200
+    (``benchmarks/results/2026-11-30-h200-dspark-kernels.md``); they need ~221 KB
+    of shared memory, and a launch that does not fit retries with smaller shapes.
+    """
 
     group: int = 4
     block_h: int = 16
