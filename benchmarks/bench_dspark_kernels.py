@@ -2,7 +2,7 @@
 
     python benchmarks/bench_dspark_kernels.py [--sections ceiling,mla,markov,graph]
         [--requests 64] [--q-len 8] [--context 32768] [--window 2048] [--heads 16]
-        [--mla-configs "G,BH,BN,warps,stages,splits[,vsplit,lazy];..."] [--out DIR]
+        [--mla-configs "G,BH,BN,warps,stages,splits;..."] [--out DIR]
 
 Sections (progress lines, then markdown tables; ``results.md`` / ``results.json``
 under ``--out`` or ``$OUT``):
@@ -123,14 +123,9 @@ def parse_mla_configs(text: str):
 
     configs = []
     for item in filter(None, text.split(";")):
-        fields = [int(v) for v in item.split(",")]
-        if len(fields) not in (6, 8):
-            raise ValueError(f"--mla-configs item {item!r}: allowed are "
-                             "'G,BH,BN,warps,stages,splits' or '...,vsplit,lazy'")
-        g, bh, bn, warps, stages, splits, vsplit, lazy = fields + [1, 0][len(fields) - 6:]
+        g, bh, bn, warps, stages, splits = (int(v) for v in item.split(","))
         configs.append(GroupedMLAConfig(group=g, block_h=bh, block_n=bn, num_warps=warps,
-                                        num_stages=stages, num_splits=splits or None,
-                                        value_splits=vsplit, lazy_rescale=bool(lazy)))
+                                        num_stages=stages, num_splits=splits or None))
     return configs
 
 
@@ -178,9 +173,7 @@ def section_mla(args, ceiling: float) -> None:
                           query, kv_cache, indices, scale, lora))]
         for cfg in configs:
             name = (f"grouped G={cfg.group} BH={cfg.block_h} BN={cfg.block_n} w={cfg.num_warps} "
-                    f"s={cfg.num_stages} splits={cfg.num_splits or 'auto'}"
-                    f"{' vsplit=2' if cfg.value_splits == 2 else ''}"
-                    f"{' lazy' if cfg.lazy_rescale else ''}")
+                    f"s={cfg.num_stages} splits={cfg.num_splits or 'auto'}")
             candidates.append((name, lambda cfg=cfg: grouped.grouped_sparse_mla_attention_triton(
                 query, kv_cache, indices, scale, lora, cfg)))
         for name, fn in candidates:
@@ -367,8 +360,7 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=129280)
     parser.add_argument("--markov-rank", type=int, default=256)
     parser.add_argument("--mla-configs", default="4,16,32,8,2,0",
-                        help="grouped launch shapes 'G,BH,BN,warps,stages,splits[,vsplit,lazy];...' "
-                             "(splits 0: auto; vsplit 1|2 value-column programs; lazy 0|1)")
+                        help="grouped launch shapes 'G,BH,BN,warps,stages,splits;...' (0: auto)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")
     parser.add_argument("--prewarm", type=int, default=0,
                         help="compile the MLA variants first in this many processes")

@@ -24,11 +24,6 @@ def test_mla_configs_parse_into_launch_shapes():
     assert (first.group, first.block_h, first.block_n, first.num_warps, first.num_stages,
             first.num_splits) == (4, 16, 64, 8, 2, None)
     assert (second.group, second.num_splits) == (2, 2)
-    assert (first.value_splits, first.lazy_rescale) == (1, False)
-    (third,) = bench.parse_mla_configs("4,16,64,8,2,0,2,1")
-    assert (third.value_splits, third.lazy_rescale) == (2, True)
-    with pytest.raises(ValueError, match="4,16,64"):
-        bench.parse_mla_configs("4,16,64")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")

@@ -43,14 +43,6 @@ class GroupedMLAConfig:
     slots per tile, ``num_splits`` programs along the index columns (``None``:
     enough to fill one wave of SMs).
 
-    ``value_splits=2`` gives each program half of the ``L`` output columns (its
-    accumulator is ``[group * block_h, L/2]``, half the registers) at the cost of
-    computing the scores in both halves' programs. ``lazy_rescale`` keeps the running
-    row maxima until a tile raises one by more than ``LAZY_RESCALE_THRESHOLD``
-    (natural-log units), skipping the accumulator rescale on most tiles: the same
-    softmax, exact up to rounding (probabilities stay <= e^threshold before the
-    final division).
-
     The defaults are the fastest 16-bit shape measured on the H200
     (``benchmarks/results/2026-11-30-h200-dspark-kernels.md``); they need ~221 KB
     of shared memory, and a launch that does not fit retries with smaller shapes.
@@ -62,32 +54,16 @@ class GroupedMLAConfig:
     num_splits: int | None = None
     num_warps: int = 8
     num_stages: int = 2
-    value_splits: int = 1
-    lazy_rescale: bool = False
-
-    def __post_init__(self):
-        if self.value_splits not in (1, 2):
-            raise ValueError(f"value_splits={self.value_splits!r}: allowed are 1 and 2")
-
-
-LAZY_RESCALE_THRESHOLD = 8.0
 
 
 @triton.jit
-def _tile_scores(q_lat, q_other, q_rope, kv_ptr, kv_stride, slot, live, lat, lat_mask, other,
-                 other_mask, rope, rope_mask, LORA: tl.constexpr, V_SPLIT: tl.constexpr,
-                 PRECISION: tl.constexpr):
-    """Scores of one KV tile and its value columns ``lat`` (the program's own
-    slice; with ``V_SPLIT == 2`` the other half ``other`` enters the scores only)."""
+def _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, slot, live, lat, lat_mask, rope, rope_mask,
+                 LORA: tl.constexpr, PRECISION: tl.constexpr):
     rows = kv_ptr + tl.where(live, slot, 0).to(tl.int64)[:, None] * kv_stride
     kv_lat = tl.load(rows + lat[None, :], mask=live[:, None] & lat_mask[None, :], other=0.0)
     kv_rope = tl.load(rows + LORA + rope[None, :], mask=live[:, None] & rope_mask[None, :],
                       other=0.0)
     scores = tl.dot(q_lat, tl.trans(kv_lat), input_precision=PRECISION)
-    if V_SPLIT == 2:
-        kv_other = tl.load(rows + other[None, :], mask=live[:, None] & other_mask[None, :],
-                           other=0.0)
-        scores += tl.dot(q_other, tl.trans(kv_other), input_precision=PRECISION)
     scores += tl.dot(q_rope, tl.trans(kv_rope), input_precision=PRECISION)
     return scores, kv_lat
 
@@ -99,22 +75,17 @@ def _grouped_sparse_mla_kernel(
         num_tokens, num_heads, width, cols_per_split, scale,
         LORA: tl.constexpr, ROPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLIT: tl.constexpr, V_SPLIT: tl.constexpr, LAZY: tl.constexpr,
-        LAZY_THRESHOLD: tl.constexpr, PRECISION: tl.constexpr):
+        SPLIT: tl.constexpr, PRECISION: tl.constexpr):
     pid_g = tl.program_id(0)
-    pid_hv = tl.program_id(1)
-    pid_h = pid_hv // V_SPLIT
-    pid_v = pid_hv % V_SPLIT
+    pid_h = tl.program_id(1)
     pid_s = tl.program_id(2)
     t0 = pid_g * GROUP
     rows = tl.arange(0, GROUP * BLOCK_H)
     row_tok = rows // BLOCK_H
     token = (t0 + row_tok).to(tl.int64)
     head = pid_h * BLOCK_H + rows % BLOCK_H
-    lat = pid_v * (BLOCK_L // V_SPLIT) + tl.arange(0, BLOCK_L // V_SPLIT)
+    lat = tl.arange(0, BLOCK_L)
     lat_mask = lat < LORA
-    other = (1 - pid_v) * (BLOCK_L // V_SPLIT) + tl.arange(0, BLOCK_L // V_SPLIT)
-    other_mask = (other < LORA) & (V_SPLIT == 2)
     rope = tl.arange(0, BLOCK_P)
     rope_mask = rope < ROPE
     group_tok = t0 + tl.arange(0, GROUP)
@@ -131,19 +102,17 @@ def _grouped_sparse_mla_kernel(
                        mask=group_valid[:, None] & (col < width)[None, :], other=-1)
         differ += tl.sum(((tile != lead[None, :]) & group_valid[:, None]).to(tl.int32))
     shared = differ == 0
-    if (pid_hv == 0) & (pid_s == 0):
+    if (pid_h == 0) & (pid_s == 0):
         tl.store(mixed_ptr + pid_g, (differ != 0).to(tl.int32))
     # A mixed group's program reads no query, loops over no column, writes nothing.
     row_mask = (token < num_tokens) & (head < num_heads) & shared
     q_rows = q_ptr + token[:, None] * q_stride_t + head[:, None] * q_stride_h
     q_lat = tl.load(q_rows + lat[None, :], mask=row_mask[:, None] & lat_mask[None, :], other=0.0)
-    q_other = tl.load(q_rows + other[None, :], mask=row_mask[:, None] & other_mask[None, :],
-                      other=0.0)
     q_rope = tl.load(q_rows + LORA + rope[None, :], mask=row_mask[:, None] & rope_mask[None, :],
                      other=0.0)
     m_i = tl.full([GROUP * BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP * BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([GROUP * BLOCK_H, BLOCK_L // V_SPLIT], dtype=tl.float32)
+    acc = tl.zeros([GROUP * BLOCK_H, BLOCK_L], dtype=tl.float32)
     col_lo = pid_s * cols_per_split
     col_hi = tl.where(shared, tl.minimum(width, col_lo + cols_per_split), col_lo)
     # Shared rows: one KV tile load serves the whole [GROUP * BLOCK_H] query tile.
@@ -151,33 +120,17 @@ def _grouped_sparse_mla_kernel(
         col = start + cols
         lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
         live = lead >= 0
-        scores, kv_lat = _tile_scores(q_lat, q_other, q_rope, kv_ptr, kv_stride, lead, live,
-                                      lat, lat_mask, other, other_mask, rope, rope_mask, LORA,
-                                      V_SPLIT, PRECISION)
+        scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
+                                      lat_mask, rope, rope_mask, LORA, PRECISION)
         scores = tl.where(live[None, :], scores * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        if LAZY:
-            # Rescale (all rows) only when some row's maximum grew past the threshold;
-            # otherwise keep the stale maxima: p <= e^threshold, same softmax.
-            grown = tl.max((m_new > m_i + LAZY_THRESHOLD).to(tl.int32), axis=0)
-            if grown > 0:
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_safe)
-                l_i = l_i * alpha
-                acc = acc * alpha[:, None]
-                m_i = m_new
-            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-            p = tl.exp(scores - m_safe[:, None])
-            l_i += tl.sum(p, axis=1)
-            acc += tl.dot(p.to(kv_lat.dtype), kv_lat, input_precision=PRECISION)
-        else:
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
-                                                input_precision=PRECISION)
-            m_i = m_new
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
+                                            input_precision=PRECISION)
+        m_i = m_new
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if SPLIT:
@@ -294,15 +247,13 @@ def _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg):
         part_o = part_lse = out
     block_l = max(16, triton.next_power_of_2(kv_lora_rank))
     mixed = torch.empty(groups, dtype=torch.int32, device=query.device)
-    v_split = cfg.value_splits if block_l >= 32 else 1     # tl.dot needs >= 16 columns
-    _grouped_sparse_mla_kernel[(groups, head_blocks * v_split, splits)](
+    _grouped_sparse_mla_kernel[(groups, head_blocks, splits)](
         query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
         out, out.stride(0), out.stride(1), part_o, part_lse, mixed,
         num_tokens, num_heads, width, cols_per_split, float(scale),
         LORA=kv_lora_rank, ROPE=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_L=block_l,
         BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=cfg.block_n,
-        SPLIT=splits > 1, V_SPLIT=v_split, LAZY=cfg.lazy_rescale,
-        LAZY_THRESHOLD=LAZY_RESCALE_THRESHOLD, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        SPLIT=splits > 1, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
