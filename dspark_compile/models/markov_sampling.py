@@ -1,4 +1,4 @@
-"""DSpark Markov head and sequential sampling (DESIGN.md section 1.2).
+"""DSpark Markov head and sequential sampling (docs/design.md, "DSpark indices").
 
 DSpark drafts a whole block in one non-causal forward, then injects the
 left-to-right dependency while sampling: for step i,
