@@ -53,7 +53,7 @@ def compile_with_torchair(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
                            "upgrade torchair, or use torchair_mode='npugraph_ex'")
     config.mode = torchair_mode
     config.post_grad_custom_post_pass = functools.partial(_run_passes_torchair, manager)
-    logger.info("compiling for the NPU with torchair (mode %s)", torchair_mode)
+    logger.debug("compiling for the NPU with torchair (mode %s)", torchair_mode)
     return torchair.get_npu_backend(compiler_config=config)(gm, example_inputs)
 
 
@@ -78,7 +78,7 @@ def _compile_with_npugraph_ex(gm, example_inputs, manager: PassManager):
         _run_passes_torchair(manager, graph_module)
         return compile_fx(graph_module, inputs)
 
-    logger.info("compiling for the NPU with npugraph_ex")
+    logger.debug("compiling for the NPU with npugraph_ex")
     return aot_autograd(fw_compiler=forward_compiler,
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
