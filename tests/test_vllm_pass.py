@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the [vllm] extra)")
+
 from vllm.compilation.passes.inductor_pass import CallableInductorPass, pass_context
 from vllm.config import CompilationConfig, SpeculativeConfig, set_current_vllm_config
 from vllm.config.utils import Range
