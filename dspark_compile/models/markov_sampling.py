@@ -1,4 +1,4 @@
-"""DSpark Markov head and sequential sampling (DESIGN.md section 1.2).
+"""DSpark Markov head and sequential sampling (docs/design.md, "DSpark indices").
 
 DSpark drafts a whole block in one non-causal forward, then injects the
 left-to-right dependency while sampling: for step i,
@@ -18,6 +18,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from dspark_compile.validation import check_int
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -29,9 +31,8 @@ class DSparkMarkovHead(nn.Module):
 
     def __init__(self, vocab_size: int, rank: int) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("rank", rank)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
+        check_int("vocab_size", vocab_size)
+        check_int("rank", rank)
         self.embed = nn.Embedding(vocab_size, rank)
         self.bias = nn.Linear(rank, vocab_size, bias=False)
 
