@@ -18,6 +18,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from dspark_compile.kernels.sampling_args import check_sampling_args
 from dspark_compile.validation import check_int
 
 _MASK32 = 0xFFFFFFFF
@@ -77,35 +78,6 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     bits = _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
     uniform = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / float(1 << 23))
     return -torch.log(-torch.log(uniform))
-
-
-def check_sampling_args(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                        temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
-                        positions: Optional[torch.Tensor]):
-    """Validate ``sample_sequential``'s arguments (``ValueError``) and normalise them.
-
-    Returns ``(temperature [R] float32, positions [R], greedy_only)``;
-    ``greedy_only`` is True when ``temperature`` is the number 0.
-    """
-    if base_logits.dim() != 3:
-        raise ValueError(f"base_logits has shape {tuple(base_logits.shape)}: expected [R, N, V]")
-    num_reqs = base_logits.shape[0]
-    for name, tensor in (("anchor_tokens", anchor_tokens), ("seeds", seeds),
-                         ("positions", positions)):
-        if tensor is not None and tuple(tensor.shape) != (num_reqs,):
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}: expected [{num_reqs}]")
-    device = base_logits.device
-    if positions is None:
-        positions = torch.zeros(num_reqs, dtype=torch.int64, device=device)
-    greedy_only = isinstance(temperature, (int, float)) and temperature == 0
-    if isinstance(temperature, (int, float)):
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature!r} is invalid: expected >= 0")
-        temperature = torch.full((num_reqs,), float(temperature), device=device)
-    elif tuple(temperature.shape) != (num_reqs,):
-        raise ValueError(f"temperature has shape {tuple(temperature.shape)}: expected a float "
-                         f"or [{num_reqs}]")
-    return temperature.to(device=device, dtype=torch.float32), positions, greedy_only
 
 
 def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
