@@ -291,7 +291,7 @@ def section_markov(args, ceiling: float) -> None:
 # ----------------------------------------------------------------------------- graph
 
 def section_graph() -> None:
-    from dspark_compile.dspark_graph_check import check_draft_step_graph
+    from dspark_compile.tools.dspark_graph_check import check_draft_step_graph
     from dspark_compile.models.dspark_draft import DSparkDraftConfig
 
     cfg = DSparkDraftConfig(hidden_size=256, num_layers=2, num_heads=16, kv_lora_rank=512,

@@ -180,7 +180,7 @@ def test_fused_markov_sampling_validates_and_handles_empty():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_compiled_dspark_draft_step_replays_as_cuda_graph_with_changing_seq_lens():
-    from dspark_compile.dspark_graph_check import check_draft_step_graph
+    from dspark_compile.tools.dspark_graph_check import check_draft_step_graph
     from dspark_compile.models.dspark_draft import DSparkDraftConfig
 
     cfg = DSparkDraftConfig(hidden_size=64, num_layers=2, num_heads=4, kv_lora_rank=32,

@@ -26,7 +26,7 @@ import triton.language as tl
 from torch import nn
 from triton.language.extra import libdevice
 
-from dspark_compile.models.markov_sampling import check_sampling_args
+from dspark_compile.kernels.sampling_args import check_sampling_args
 
 BLOCK_V = 4096
 _LOW32 = 0xFFFFFFFF

@@ -1,4 +1,4 @@
-"""DSpark Markov head and sequential sampling (DESIGN.md section 1.2).
+"""DSpark Markov head and sequential sampling (docs/design.md, "DSpark indices").
 
 DSpark drafts a whole block in one non-causal forward, then injects the
 left-to-right dependency while sampling: for step i,
@@ -18,6 +18,9 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from dspark_compile.kernels.sampling_args import check_sampling_args
+from dspark_compile.validation import check_int
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -29,9 +32,8 @@ class DSparkMarkovHead(nn.Module):
 
     def __init__(self, vocab_size: int, rank: int) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("rank", rank)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
+        check_int("vocab_size", vocab_size)
+        check_int("rank", rank)
         self.embed = nn.Embedding(vocab_size, rank)
         self.bias = nn.Linear(rank, vocab_size, bias=False)
 
@@ -76,35 +78,6 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     bits = _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
     uniform = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / float(1 << 23))
     return -torch.log(-torch.log(uniform))
-
-
-def check_sampling_args(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                        temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
-                        positions: Optional[torch.Tensor]):
-    """Validate ``sample_sequential``'s arguments (``ValueError``) and normalise them.
-
-    Returns ``(temperature [R] float32, positions [R], greedy_only)``;
-    ``greedy_only`` is True when ``temperature`` is the number 0.
-    """
-    if base_logits.dim() != 3:
-        raise ValueError(f"base_logits has shape {tuple(base_logits.shape)}: expected [R, N, V]")
-    num_reqs = base_logits.shape[0]
-    for name, tensor in (("anchor_tokens", anchor_tokens), ("seeds", seeds),
-                         ("positions", positions)):
-        if tensor is not None and tuple(tensor.shape) != (num_reqs,):
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}: expected [{num_reqs}]")
-    device = base_logits.device
-    if positions is None:
-        positions = torch.zeros(num_reqs, dtype=torch.int64, device=device)
-    greedy_only = isinstance(temperature, (int, float)) and temperature == 0
-    if isinstance(temperature, (int, float)):
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature!r} is invalid: expected >= 0")
-        temperature = torch.full((num_reqs,), float(temperature), device=device)
-    elif tuple(temperature.shape) != (num_reqs,):
-        raise ValueError(f"temperature has shape {tuple(temperature.shape)}: expected a float "
-                         f"or [{num_reqs}]")
-    return temperature.to(device=device, dtype=torch.float32), positions, greedy_only
 
 
 def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
