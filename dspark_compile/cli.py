@@ -146,7 +146,8 @@ def _add_study_parsers(commands) -> None:
     report = commands.add_parser(
         "study-report", help="study.md and study.png from a study.json",
         description="Rewrite study.md and study.png from STUDY_JSON (e.g. a JSON made on a "
-        "machine without matplotlib), next to it or in --out-dir.")
+        "machine without matplotlib), next to it or in --out-dir; recomputes the JSON's derived "
+        "'goal' entry from its results.")
     report.add_argument("study_json")
     report.add_argument("--out-dir", default=None)
 
@@ -191,9 +192,18 @@ def run_study_report_command(args: argparse.Namespace) -> int:
     path = Path(args.study_json)
     if not path.is_file():
         raise UsageError(f"study_json={str(path)!r} is invalid: no such file")
+    from dspark_compile.speculative.study import goal_check
+
     out_dir = Path(args.out_dir) if args.out_dir else path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    for written in write_reports(json.loads(path.read_text()), out_dir):
+    study = json.loads(path.read_text())
+    scale = study["meta"]["scale"]
+    goal = goal_check(study["results"], tuple(scale["contexts"]), scale["draft_train"]["context"])
+    if study.get("goal") != goal:
+        study["goal"] = goal
+        path.write_text(json.dumps(study, indent=1))
+        print(f"updated the derived 'goal' entry of {path}")
+    for written in write_reports(study, out_dir):
         print(f"wrote {written}")
     return 0
 

@@ -5,11 +5,30 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from dspark_compile.speculative.study import goal_check
+
 logger = logging.getLogger(__name__)
 
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _stderr(values: list[float]) -> float:
+    """Standard error of the mean (0 for fewer than 2 values)."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
+
+
+def _tau(row) -> str:
+    if row is None:
+        return "-"
+    taus = row.get("tau_per_prompt") or []
+    if len(taus) < 2:
+        return f"{row['tau']:.2f}"
+    return f"{row['tau']:.2f} +- {_stderr(taus):.2f}"
 
 
 def markdown(study: dict) -> str:
@@ -20,6 +39,7 @@ def markdown(study: dict) -> str:
     settings = [s["name"] for s in study["settings"]]
     families = sorted({r["family"] for r in results}, key=["draft_model", "eagle"].index)
     cell = {(r["family"], r["setting"], r["context"]): r for r in results}
+    goal = goal_check(results, tuple(contexts), scale["draft_train"]["context"])
     lines = [
         f"# Acceptance vs context: {scale['name']} scale, {meta['device']}",
         "",
@@ -31,16 +51,17 @@ def markdown(study: dict) -> str:
         f"draft_model: {scale['draft']['num_layers']} layers, d={scale['draft']['hidden_size']}; "
         f"eagle: 1 layer, d={scale['eagle']['hidden_size']}, fed the target's hidden states; "
         f"both trained at {scale['draft_train']['context']} bytes. "
-        f"{scale['prompts']} held-out prompts x {scale['new_tokens']} new tokens per cell.",
+        f"{scale['prompts']} held-out prompts x {scale['new_tokens']} new tokens per cell; "
+        "context = prompt length (decoding then extends it by the new tokens).",
         "",
-        "## tau (mean accepted draft tokens per round + 1)",
+        "## tau (mean accepted draft tokens per round + 1; +- standard error over prompts)",
         "",
         "| family | setting | " + " | ".join(str(c) for c in contexts) + " |",
         "|---|---|" + "---:|" * len(contexts),
     ]
     for family in families:
         for name in settings:
-            row = [_fmt(cell.get((family, name, c), {}).get("tau"), ".2f") for c in contexts]
+            row = [_tau(cell.get((family, name, c))) for c in contexts]
             lines.append(f"| {family} | {name} | " + " | ".join(row) + " |")
     lines += ["", "## End-to-end tokens/s (decode, prefill excluded)", "",
               "| family | setting | " + " | ".join(str(c) for c in contexts) + " |",
@@ -67,15 +88,18 @@ def markdown(study: dict) -> str:
         for c in study["compile"]:
             lines.append(f"| {c['family']} | {c['setting']} | {c['first_run_s']:.1f} | "
                          f"{c.get('graphs_after_study', c['graphs'])} |")
-    goal = study.get("goal", {})
     if goal:
         lines += ["", "## Goal: at the longest context, tau without window <= 60% and with the "
                   "best window >= 95% of the short-context tau", "",
+                  "Short-context tau: shortest context with W = the draft's training context "
+                  "(the draft never reads more than its training length); in brackets the "
+                  "same context without a window.", "",
                   "| family | tau short | tau long, no window | ratio | tau long, best window "
                   "| ratio | collapse | recovery |", "|---|---:|---:|---:|---:|---:|---|---|"]
         for family, g in goal.items():
             lines.append(
-                f"| {family} | {g['tau_short_no_window']:.2f} | {g['tau_long_no_window']:.2f} | "
+                f"| {family} | {g['tau_short']:.2f} ({g['tau_short_no_window']:.2f}) | "
+                f"{g['tau_long_no_window']:.2f} | "
                 f"{g['no_window_ratio']:.0%} | {g['tau_long_best_window']:.2f} "
                 f"(W={g['best_window']}) | {g['best_window_ratio']:.0%} | "
                 f"{'met' if g['collapse_goal_met'] else 'NOT met'} | "
@@ -113,7 +137,9 @@ def plot(study: dict, path: Path) -> bool:
                 continue
             xs = [r["context"] for r in rows]
             style = "--" if name == "no window" else "-"
-            axes[0][col].plot(xs, [r["tau"] for r in rows], style, marker="o", label=name)
+            axes[0][col].errorbar(xs, [r["tau"] for r in rows],
+                                  yerr=[_stderr(r.get("tau_per_prompt") or []) for r in rows],
+                                  fmt=style, marker="o", capsize=3, label=name)
             axes[1][col].plot(xs, [r["tokens_per_s"] for r in rows], style, marker="o",
                               label=name)
         base = sorted(study.get("baseline", []), key=lambda b: b["context"])
@@ -122,7 +148,7 @@ def plot(study: dict, path: Path) -> bool:
                               [b["target_only_tokens_per_s"] for b in base], ":", color="gray",
                               label="target alone")
         axes[0][col].set_title(f"{family} (draft trained at {draft_ctx} tokens)")
-        axes[0][col].set_ylabel("tau (accepted + 1)")
+        axes[0][col].set_ylabel("tau (accepted + 1), +- s.e. over prompts")
         axes[1][col].set_ylabel("tokens/s (decode)")
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xscale("log", base=2)

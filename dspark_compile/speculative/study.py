@@ -121,9 +121,10 @@ def _pool(results: list[SpecResult], k: int) -> dict:
     draft_s = sum(r.draft_s for r in results)
     target_s = sum(r.target_s for r in results)
     nlls = [r.draft_nll for r in results if r.draft_nll is not None]
+    taus = [r.tau for r in results]
     return {
         "tau": sum(accepted) / max(rounds, 1) + 1.0,
-        "tau_per_prompt": [r.tau for r in results],
+        "tau_per_prompt": taus,
         "rounds": rounds,
         "acceptance_per_position": [sum(a >= j for a in accepted) / max(rounds, 1)
                                     for j in range(1, k + 1)],
@@ -146,27 +147,39 @@ def _graph_count() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def goal_check(results: list[dict], contexts: tuple[int, ...]) -> dict:
-    """Per family: tau at the shortest context without a window, at the longest without
-    a window and with the best window, and their ratios (the issue's goal:
-    no window <= 0.60, best window >= 0.95 of the short-context tau)."""
+def goal_check(results: list[dict], contexts: tuple[int, ...], draft_context: int) -> dict:
+    """Per family, the issue's goal: at the longest context, tau without a window
+    <= 60% and with the best window >= 95% of the short-context tau.
+
+    The short-context tau is the one with a window of exactly the draft's training
+    context at the shortest context: the only cell where the draft never reads more
+    than its training length (decoding extends the context past the prompt, so
+    without a window the draft leaves its training length even there; that value
+    is reported too, as ``tau_short_no_window``).
+    """
     out = {}
     short, long = min(contexts), max(contexts)
+
+    def find(rows, window, context):
+        match = [r for r in rows if r["window"] == window and r["context"] == context]
+        return match[0] if match else None
+
     for family in FAMILIES:
         rows = [r for r in results if r["family"] == family]
-        base = [r for r in rows if r["window"] is None and r["context"] == short]
-        none_long = [r for r in rows if r["window"] is None and r["context"] == long]
+        base, none_short = find(rows, draft_context, short), find(rows, None, short)
+        none_long = find(rows, None, long)
         windowed_long = [r for r in rows if r["window"] is not None and r["context"] == long]
-        if not (base and none_long and windowed_long):
+        if not (base and none_short and none_long and windowed_long):
             continue
         best = max(windowed_long, key=lambda r: r["tau"])
-        tau0 = base[0]["tau"]
+        tau0 = base["tau"]
         out[family] = {
-            "tau_short_no_window": tau0, "tau_long_no_window": none_long[0]["tau"],
-            "tau_long_best_window": best["tau"], "best_window": best["window"],
-            "no_window_ratio": none_long[0]["tau"] / tau0,
+            "tau_short": tau0, "tau_short_no_window": none_short["tau"],
+            "tau_long_no_window": none_long["tau"], "tau_long_best_window": best["tau"],
+            "best_window": best["window"],
+            "no_window_ratio": none_long["tau"] / tau0,
             "best_window_ratio": best["tau"] / tau0,
-            "collapse_goal_met": none_long[0]["tau"] / tau0 <= 0.60,
+            "collapse_goal_met": none_long["tau"] / tau0 <= 0.60,
             "recovery_goal_met": best["tau"] / tau0 >= 0.95,
         }
     return out
@@ -220,7 +233,7 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
     }
 
     def save():
-        study["goal"] = goal_check(study["results"], scale.contexts)
+        study["goal"] = goal_check(study["results"], scale.contexts, scale.draft_context)
         json_path.write_text(json.dumps(study, indent=1))
 
     prompts = _prompts(corpus, scale)

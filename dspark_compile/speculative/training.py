@@ -121,7 +121,7 @@ def train_lm(model: TransformerLM, data: torch.Tensor, spec: TrainSpec, *,
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if step % 25 == 0 or step == spec.steps - 1:
-            losses.append(float(ce))
+            losses.append(float(ce.detach()))
             if progress is not None:
                 progress(step + 1, spec.steps, losses[-1])
     else:
