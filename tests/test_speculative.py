@@ -85,6 +85,17 @@ def test_self_draft_accepts_every_token(target, k):
     assert result.tokens == target_greedy_decode(target, _prompt(37), 20)[0]
 
 
+def test_sampled_self_draft_accepts_every_token_and_reproduces(target):
+    """Rejection sampling in the loop: with q == p every draft token is accepted
+    (u * q < p for u < 1); the same seed gives the same tokens."""
+    decoder = SpeculativeDecoder(target, target, num_speculative_tokens=3, temperature=1.0,
+                                 draft_fn=compile_draft(target, None, lowering="aot_eager"))
+    first = decoder.generate(_prompt(20), max_new_tokens=16, seed=5)
+    assert first.tau == 4.0
+    assert decoder.generate(_prompt(20), max_new_tokens=16, seed=5).tokens == first.tokens
+    assert decoder.generate(_prompt(20), max_new_tokens=16, seed=6).tokens != first.tokens
+
+
 @pytest.mark.parametrize("family", ["draft_model", "eagle"])
 def test_accepted_output_equals_target_greedy_decode(target, family):
     """Whatever the draft proposes, greedy speculative decoding emits the target's
