@@ -98,6 +98,7 @@ class DraftWindowInductorPass(InductorPass):
         config = resolve_window_config(vllm_config, self.overrides)
         stats = {"attention_calls": 0, "draft_rewritten": 0, "target_untouched": 0,
                  "unknown_untouched": 0, "draft_mla_unwindowed": 0}
+        rewritten: list[str] = []
         if not config.enabled:
             _log_window_off_once(config)
             return stats
@@ -137,18 +138,21 @@ class DraftWindowInductorPass(InductorPass):
                      "max_num_seqs": max_num_seqs}
             _retarget(node, functionalized, new_op, extra)
             stats["draft_rewritten"] += 1
+            rewritten.append(name)
         if draft_graph and stats["draft_rewritten"] == 0 and not attention_is_split_out(vllm_config):
             logger.warning(
                 "dspark draft window is ON (draft_window_size=%d) but the draft model's graph "
                 "(model tag %r) reached the pass with no attention call to window: its attention "
                 "layers are not vllm::unified_attention_with_output calls; the draft runs "
                 "unwindowed", config.draft_window_size, model_tag)
-        PASS_RECORDS.append({"model_tag": model_tag, **stats})
+        PASS_RECORDS.append({"model_tag": model_tag, "rewritten_layers": rewritten,
+                             "window": config.as_dict(), **stats})
         graph.lint()
         return stats
 
 
-#: One record per graph the pass rewrote in this process (model tag and counters).
+#: One record per graph the pass saw with the window on, in this process: the
+#: model tag, the layers rewritten, the resolved window config and the counters.
 PASS_RECORDS: list[dict[str, Any]] = []
 
 
