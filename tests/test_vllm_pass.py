@@ -299,3 +299,29 @@ def test_vllm_finds_the_plugin_by_entry_point():
     plugins = load_plugins_by_group("vllm.general_plugins")
     assert _plugin_entry_point().name in plugins
     plugins[_plugin_entry_point().name]()
+
+
+def test_windowed_op_is_left_outside_cuda_graph_partitions():
+    """Under use_inductor_graph_partition, vLLM 0.33 partitions at its splitting ops
+    (attention ops) through torch._inductor.config.custom_should_partition_ops; our
+    op is not in that list, so it carries torch.Tag.cudagraph_unsafe, which
+    Inductor's partitioner honours for any op: it runs outside every captured
+    partition, so host values it reads (max_query_len, max_seq_len) are never
+    frozen into a partition's graph."""
+    from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+    from vllm.compilation.partition_rules import inductor_partition_rule_context
+
+    from dspark_compile.integrations.vllm import windowed_attention_op
+
+    op = windowed_attention_op()
+    assert torch.Tag.cudagraph_unsafe in op.tags
+    config = cpu_vllm_config({"use_inductor_graph_partition": True,
+                              "inductor_passes": {"post_grad_custom_post_pass": PASS_QUALNAME}})
+    splitting = config.compilation_config.splitting_ops
+    assert "vllm::unified_attention_with_output" in splitting      # vLLM's own rule
+    assert op.name() not in splitting
+    graph = torch.fx.Graph()
+    q = graph.placeholder("q")
+    node = graph.call_function(op, (q, q, q, q, "draft.layers.0.self_attn.attn", 64, 0, 8))
+    with inductor_partition_rule_context(splitting):
+        assert is_cudagraph_unsafe_fx_node(node)
