@@ -25,6 +25,9 @@ steps, draft prefill, chunked prefill): it attends to keys ``j`` with
    ``max_seq_len -> min(max_seq_len, max_query_len + W - K + b - 2)``.
    Every query token keeps all keys its window needs (the first token's
    window starts earliest), so (1) alone decides what each token reads.
+   A NON-causal draft block (DFlash: all its queries read the same keys)
+   gets no native window and the metadata window of its last token
+   (``q`` taken as 1).
    FlashAttention's AOT ``scheduler_metadata`` (planned from the full
    lengths) is dropped so FA3 plans from the windowed ones; CPU attention's
    scheduler metadata is recomputed from the windowed lengths and window.
