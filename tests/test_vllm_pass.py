@@ -199,7 +199,7 @@ EAGLE3 = {"method": "eagle3"}
     ("2048", True, EAGLE3, "draft_window_size='2048' is invalid"),
     (2, True, EAGLE3, "future_offset=3 is invalid for draft_window_size=2"),
     (64, True, {}, "speculative_config.method='ngram' is not supported.*"
-                   "eagle3, dflash, dspark, mtp"),
+                   "eagle3, eagle, draft_model, dflash, dspark, mtp"),
     (64, False, {}, "speculative_config is None"),
 ])
 def test_bad_config_values_raise(window, spec, overrides, match):
