@@ -235,7 +235,8 @@ def test_unsupported_draft_backend_fails_at_compile_time():
     make_layers(config, [(DRAFT_FLEX, FlexAttentionBackend, True)])
     graph, _ = one_call_graph(DRAFT_FLEX)
     with pytest.raises(ValueError, match=f"draft layer {DRAFT_FLEX} uses attention backend "
-                                         "'FLEX_ATTENTION'.*supports FLASH_ATTN, TRITON_ATTN"):
+                                         "'FLEX_ATTENTION'.*supports FLASH_ATTN, TRITON_ATTN, "
+                                         "CPU_ATTN"):
         DraftWindowInductorPass(method="dflash").apply(graph, config)
 
 
@@ -325,3 +326,62 @@ def test_windowed_op_is_left_outside_cuda_graph_partitions():
     node = graph.call_function(op, (q, q, q, q, "draft.layers.0.self_attn.attn", 64, 0, 8))
     with inductor_partition_rule_context(splitting):
         assert is_cudagraph_unsafe_fx_node(node)
+
+
+@pytest.mark.parametrize("tag,rewritten", [("eagle_head", True), ("draft_model", True),
+                                           ("dflash_head", True), ("backbone", False)])
+def test_draft_graph_found_by_model_tag_without_is_draft_layer(tag, rewritten):
+    """vLLM 0.32 never sets is_draft_layer: the draft's graph is known by the model
+    tag vLLM's proposer builds the draft under (``_compile_tag`` of the compiling model)."""
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
+    make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, False)])
+    graph, call = one_call_graph(DRAFT_TRITON)
+    stats = DraftWindowInductorPass(method="eagle3").apply(graph, config, model_tag=tag)
+    assert stats["draft_rewritten"] == int(rewritten)
+    assert (call.args[0] is not ATTENTION_OP) == rewritten
+
+
+class _CompilingModel:
+    """Stands for a @support_torch_compile module: vLLM sets both attributes."""
+
+    def __init__(self, vllm_config, tag):
+        self.vllm_config = vllm_config
+        self._compile_tag = tag
+
+    def forward(self, run_pass, graph):
+        return run_pass(graph)
+
+
+def test_settings_come_from_the_compiling_models_config_not_the_current_one():
+    """No current vLLM config (as in vLLM's compiles outside profile_run): the pass
+    reads the VllmConfig of the model on the call stack, and its draft tag."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    from dspark_compile.integrations.vllm.compile_context import find_compile_context
+
+    config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(4),
+                             additional_config={"draft_window_size": 96})
+    make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, False)])
+    assert get_current_vllm_config_or_none() is None
+    graph, call = one_call_graph(DRAFT_TRITON)
+    the_pass = DraftWindowInductorPass(method="eagle3")
+    stats = _CompilingModel(config, "eagle_head").forward(the_pass.apply, graph)
+    assert stats["draft_rewritten"] == 1
+    assert (call.kwargs["window_size"], call.kwargs["future_offset"]) == (96, 4)
+    assert call.kwargs["max_num_seqs"] == config.scheduler_config.max_num_seqs
+    context = _CompilingModel(config, "draft_model").forward(lambda g: find_compile_context(),
+                                                            None)
+    assert context.vllm_config is config and context.is_draft_model
+    # uuid() resolves the same way: another window, another cache key
+    other = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(4),
+                            additional_config={"draft_window_size": 128})
+    uuids = {_CompilingModel(c, "eagle_head").forward(lambda g: the_pass.uuid(), None)
+             for c in (config, other)}
+    assert len(uuids) == 2
+
+
+def test_window_without_any_vllm_config_raises():
+    graph, _ = one_call_graph(DRAFT_TRITON)
+    with pytest.raises(RuntimeError, match="draft_window_size=64 is set but this graph is "
+                                           "not compiled by vLLM"):
+        DraftWindowInductorPass(draft_window_size=64, method="dflash").apply(graph)
