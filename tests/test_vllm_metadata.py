@@ -8,6 +8,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the [vllm] extra)")
+
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadata

@@ -90,23 +90,10 @@ def reshape_and_cache_ref(
     value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
 
 
-def windowed_attention_ref(window_size: Optional[int], future_offset: int = 0):
-    """``dspark.paged_attention``-compatible reference that sees only ``[start, seq_len)``.
+def __getattr__(name: str):
+    # Old import path of the test oracle, which moved to dspark_compile.testing.oracles.
+    if name == "windowed_attention_ref":
+        from dspark_compile.testing.oracles import windowed_attention_ref
 
-    ``start`` is the block-aligned window start of ``dspark_compile.window``
-    (block size from the KV cache); ``window_size=None`` means no window.
-    Reads the FULL block table and masks by position: an independent
-    formulation of what the window pass achieves by rewriting metadata.
-    """
-    from dspark_compile.window import compute_window
-
-    def attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-                  scale, causal):
-        kv_start = None
-        if window_size is not None:
-            kv_start = compute_window(seq_lens, window_size, key_cache.shape[1],
-                                      future_offset).start
-        return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                                   query_start_loc, scale, causal, kv_start=kv_start)
-
-    return attention
+        return windowed_attention_ref
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

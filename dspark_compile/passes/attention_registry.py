@@ -40,6 +40,7 @@ class AttentionOpSpec:
                         f"its arguments are {', '.join(names)}")
 
     def arg_index(self, name: str) -> int:
+        """Schema position of argument ``name`` of ``op``."""
         return [a.name for a in self.op._schema.arguments].index(name)
 
 
