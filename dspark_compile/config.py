@@ -14,7 +14,10 @@ from dspark_compile.validation import check_choice, check_int, did_you_mean
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("eagle3", "dflash", "dspark", "mtp")
+# Autoregressive drafts (one token per draft step; K = num_speculative_tokens)
+# and block drafts (the query expansion is inside seq_lens; K = 0).
+AUTOREGRESSIVE_METHODS = ("eagle3", "eagle", "draft_model")
+METHODS = AUTOREGRESSIVE_METHODS + ("dflash", "dspark", "mtp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +30,8 @@ class DraftWindowConfig:
         method: draft family, one of ``METHODS``; decides ``future_offset``.
         num_speculative_tokens: draft tokens per step (EAGLE3's future offset).
         future_offset: K, draft query positions beyond ``seq_lens``; ``None``
-            derives it from ``method`` (eagle3: num_speculative_tokens,
-            dflash/dspark: 0).
+            derives it from ``method`` (eagle3, eagle, draft_model:
+            num_speculative_tokens; dflash/dspark: 0).
         block_size: kernel KV block size b; ``None`` reads it from the KV
             cache shape of each attention call.
         deepseek_v4_target: the DSpark draft was trained natively with a
@@ -90,7 +93,7 @@ class DraftWindowConfig:
         """K: explicit ``future_offset``, else derived from ``method``."""
         if self.future_offset is not None:
             return self.future_offset
-        return self.num_speculative_tokens if self.method == "eagle3" else 0
+        return self.num_speculative_tokens if self.method in AUTOREGRESSIVE_METHODS else 0
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ import pytest
 from dspark_compile import DraftWindowConfig
 
 
-@pytest.mark.parametrize("method,expected", [("eagle3", 3), ("dflash", 0), ("dspark", 0)])
+@pytest.mark.parametrize("method,expected", [("eagle3", 3), ("eagle", 3), ("draft_model", 3), ("dflash", 0), ("dspark", 0)])
 def test_future_offset_derived_from_method(method, expected):
     config = DraftWindowConfig(draft_window_size=64, method=method, num_speculative_tokens=3)
     assert config.resolved_future_offset == expected
@@ -28,7 +28,7 @@ def test_off_by_default():
     ("draft_window_size", 2.5, "positive int"),
     ("draft_window_size", "2048", "positive int"),
     ("draft_window_size", True, "positive int"),
-    ("method", "medusa", "eagle3, dflash, dspark, mtp"),
+    ("method", "medusa", "eagle3, eagle, draft_model, dflash, dspark, mtp"),
     ("num_speculative_tokens", 0, "positive int"),
     ("future_offset", -1, "non-negative int"),
     ("block_size", 0, "positive int"),

@@ -27,8 +27,8 @@ from dspark_compile.options import BackendSettings, OptionError, parse_options
      r"inductor_config=\{'max_autotune': True\} has no effect with lowering='aot_eager'"),
     ({"torchair_mode": "ge"}, r"torchair_mode='ge' is invalid: expected one of max-autotune"),
     ({"draft_window_size": 0}, r"draft_window_size=0 is invalid: expected a positive int"),
-    ({"method": "eagle"}, r"method='eagle' is invalid: expected one of eagle3, dflash, dspark, "
-                          r"mtp; did you mean 'eagle3'\?"),
+    ({"method": "eagle33"}, r"method='eagle33' is invalid: expected one of eagle3, eagle, "
+                            r"draft_model, dflash, dspark, mtp; did you mean 'eagle3'\?"),
 ])
 def test_bad_options_raise_value_error_naming_option_value_and_allowed(options, pattern):
     with pytest.raises(ValueError, match=pattern) as error:

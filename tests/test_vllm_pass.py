@@ -208,7 +208,7 @@ EAGLE3 = {"method": "eagle3"}
     ("2048", True, EAGLE3, "draft_window_size='2048' is invalid"),
     (2, True, EAGLE3, "future_offset=3 is invalid for draft_window_size=2"),
     (64, True, {}, "speculative_config.method='ngram' is not supported.*"
-                   "eagle3, dflash, dspark, mtp"),
+                   "eagle3, eagle, draft_model, dflash, dspark, mtp"),
     (64, False, {}, "speculative_config is None"),
 ])
 def test_bad_config_values_raise(window, spec, overrides, match):
@@ -244,7 +244,8 @@ def test_unsupported_draft_backend_fails_at_compile_time():
     make_layers(config, [(DRAFT_FLEX, FlexAttentionBackend, True)])
     graph, _ = one_call_graph(DRAFT_FLEX)
     with pytest.raises(ValueError, match=f"draft layer {DRAFT_FLEX} uses attention backend "
-                                         "'FLEX_ATTENTION'.*supports FLASH_ATTN, TRITON_ATTN"):
+                                         "'FLEX_ATTENTION'.*supports FLASH_ATTN, TRITON_ATTN, "
+                                         "CPU_ATTN"):
         DraftWindowInductorPass(method="dflash").apply(graph, config)
 
 
@@ -308,3 +309,88 @@ def test_vllm_finds_the_plugin_by_entry_point():
     plugins = load_plugins_by_group("vllm.general_plugins")
     assert _plugin_entry_point().name in plugins
     plugins[_plugin_entry_point().name]()
+
+
+def test_windowed_op_is_left_outside_cuda_graph_partitions():
+    """Under use_inductor_graph_partition, vLLM 0.33 partitions at its splitting ops
+    (attention ops) through torch._inductor.config.custom_should_partition_ops; our
+    op is not in that list, so it carries torch.Tag.cudagraph_unsafe, which
+    Inductor's partitioner honours for any op: it runs outside every captured
+    partition, so host values it reads (max_query_len, max_seq_len) are never
+    frozen into a partition's graph."""
+    from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+    from vllm.compilation.partition_rules import inductor_partition_rule_context
+
+    from dspark_compile.integrations.vllm import windowed_attention_op
+
+    op = windowed_attention_op()
+    assert torch.Tag.cudagraph_unsafe in op.tags
+    config = cpu_vllm_config({"use_inductor_graph_partition": True,
+                              "inductor_passes": {"post_grad_custom_post_pass": PASS_QUALNAME}})
+    splitting = config.compilation_config.splitting_ops
+    assert "vllm::unified_attention_with_output" in splitting      # vLLM's own rule
+    assert op.name() not in splitting
+    graph = torch.fx.Graph()
+    q = graph.placeholder("q")
+    node = graph.call_function(op, (q, q, q, q, "draft.layers.0.self_attn.attn", 64, 0, 8))
+    with inductor_partition_rule_context(splitting):
+        assert is_cudagraph_unsafe_fx_node(node)
+
+
+@pytest.mark.parametrize("tag,rewritten", [("eagle_head", True), ("draft_model", True),
+                                           ("dflash_head", True), ("backbone", False)])
+def test_draft_graph_found_by_model_tag_without_is_draft_layer(tag, rewritten):
+    """vLLM 0.32 never sets is_draft_layer: the draft's graph is known by the model
+    tag vLLM's proposer builds the draft under (``_compile_tag`` of the compiling model)."""
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
+    make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, False)])
+    graph, call = one_call_graph(DRAFT_TRITON)
+    stats = DraftWindowInductorPass(method="eagle3").apply(graph, config, model_tag=tag)
+    assert stats["rewritten"] == int(rewritten)
+    assert (call.args[0] is not ATTENTION_OP) == rewritten
+
+
+class _CompilingModel:
+    """Stands for a @support_torch_compile module: vLLM sets both attributes."""
+
+    def __init__(self, vllm_config, tag):
+        self.vllm_config = vllm_config
+        self._compile_tag = tag
+
+    def forward(self, run_pass, graph):
+        return run_pass(graph)
+
+
+def test_settings_come_from_the_compiling_models_config_not_the_current_one():
+    """No current vLLM config (as in vLLM's compiles outside profile_run): the pass
+    reads the VllmConfig of the model on the call stack, and its draft tag."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    from dspark_compile.integrations.vllm.compile_context import find_compile_context
+
+    config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(4),
+                             additional_config={"draft_window_size": 96})
+    make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, False)])
+    assert get_current_vllm_config_or_none() is None
+    graph, call = one_call_graph(DRAFT_TRITON)
+    the_pass = DraftWindowInductorPass(method="eagle3")
+    stats = _CompilingModel(config, "eagle_head").forward(the_pass.apply, graph)
+    assert stats["rewritten"] == 1
+    assert (call.kwargs["window_size"], call.kwargs["future_offset"]) == (96, 4)
+    assert call.kwargs["max_num_seqs"] == config.scheduler_config.max_num_seqs
+    context = _CompilingModel(config, "draft_model").forward(lambda g: find_compile_context(),
+                                                            None)
+    assert context.vllm_config is config and context.is_draft_model
+    # uuid() resolves the same way: another window, another cache key
+    other = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(4),
+                            additional_config={"draft_window_size": 128})
+    uuids = {_CompilingModel(c, "eagle_head").forward(lambda g: the_pass.uuid(), None)
+             for c in (config, other)}
+    assert len(uuids) == 2
+
+
+def test_window_without_any_vllm_config_raises():
+    graph, _ = one_call_graph(DRAFT_TRITON)
+    with pytest.raises(RuntimeError, match="draft_window_size=64 is set but this graph is "
+                                           "not compiled by vLLM"):
+        DraftWindowInductorPass(draft_window_size=64, method="dflash").apply(graph)

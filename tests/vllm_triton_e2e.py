@@ -12,6 +12,13 @@ Three real ``vllm`` ``Attention`` layers (Triton backend): two draft layers
 The model is compiled by Inductor with vLLM's ``PostGradPassManager``
 configured from a real ``VllmConfig`` whose ``compilation_config`` names our
 pass. Prints one JSON line with the measured errors and counters.
+
+The reference is dense attention with an explicit per-token mask: a causal
+draft query at absolute position ``p`` reads exactly keys
+``[max(p + 1 + K - W, 0), p]`` (the backend's native window), also when the
+request's query block is longer than the window (step ``long_causal``); a
+non-causal draft block reads ``[floor(max(s + K - W, 0) / b) * b, s)``; the
+target reads everything causal attention allows.
 """
 
 import json
@@ -34,9 +41,7 @@ from vllm.v1.attention.backends.triton_attn import (  # noqa: E402
     TritonAttentionBackend, TritonAttentionMetadata)
 
 from dspark_compile.integrations.vllm import DraftWindowInductorPass  # noqa: E402
-from dspark_compile.kernels.paged_attention import (  # noqa: E402
-    paged_attention_ref, reshape_and_cache_ref)
-from dspark_compile.window import compute_window  # noqa: E402
+from dspark_compile.kernels.paged_attention import reshape_and_cache_ref  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from vllm_helpers import cpu_pass_manager, cpu_vllm_config  # noqa: E402
@@ -78,16 +83,19 @@ def metadata(seq_lens, query_start_loc, block_table, slot_mapping, causal, thres
         softmax_segm_expsum=torch.empty(num_tokens, HEADS, segments), causal=causal)
 
 
-# Each step has 5 query tokens (one compiled graph serves all):
-#  causal: a long request (windowed) and one shorter than a block; 2D kernel
+# One compiled graph of NUM_TOKENS rows serves every step (rows past a step's
+# tokens are padding, as in vLLM):
+#  causal: a long request and one shorter than a block; 2D kernel
 #  decode: five single-token requests, split-K threshold above them; 3D kernel
 #  noncausal: a DFlash-style block whose queries see each other; 2D kernel
+#  long_causal: a 22-token query block, longer than W (draft prefill)
 STEPS = {
     "causal": dict(seq_lens=[71, 9], q_lens=[3, 2], causal=True, threshold_3d=0),
     "decode": dict(seq_lens=[71, 9, 40, 16, 33], q_lens=[1] * 5, causal=True, threshold_3d=64),
     "noncausal": dict(seq_lens=[75, 30], q_lens=[4, 1], causal=False, threshold_3d=0),
+    "long_causal": dict(seq_lens=[90, 40], q_lens=[22, 2], causal=True, threshold_3d=0),
 }
-NUM_TOKENS, NUM_BLOCKS = 5, 32
+NUM_TOKENS, NUM_BLOCKS = 24, 32
 
 
 def make_batch(seq_lens, q_lens):
@@ -103,8 +111,32 @@ def make_batch(seq_lens, q_lens):
     return seq_lens, table, query_start_loc, slots
 
 
+def dense_reference(query, key_cache, value_cache, table, seq_lens, query_start_loc, scale,
+                    allowed):
+    """Dense attention, every query row masked by ``allowed(p, s) -> (lo, hi)``: keys
+    ``lo <= j < hi`` of its request (GQA by repeating KV heads)."""
+    out = torch.zeros_like(query)
+    for r, s in enumerate(seq_lens.tolist()):
+        q0, q1 = int(query_start_loc[r]), int(query_start_loc[r + 1])
+        pos = torch.arange(s)
+        slots = table[r, pos // BLOCK].long() * BLOCK + pos % BLOCK
+        keys = key_cache.reshape(-1, KV_HEADS, HEAD_DIM)[slots]
+        values = value_cache.reshape(-1, KV_HEADS, HEAD_DIM)[slots]
+        keys = keys.repeat_interleave(HEADS // KV_HEADS, 1)
+        values = values.repeat_interleave(HEADS // KV_HEADS, 1)
+        for t in range(q0, q1):
+            p = s - (q1 - q0) + (t - q0)
+            lo, hi = allowed(p, s)
+            mask = (pos >= lo) & (pos < hi)
+            scores = torch.einsum("hd,jhd->hj", query[t], keys) * scale
+            scores = scores.masked_fill(~mask[None, :], float("-inf"))
+            out[t] = torch.einsum("hj,jhd->hd", torch.softmax(scores, -1), values)
+    return out
+
+
 def run_step(compiled, model, names, config, step):
     seq_lens, table, query_start_loc, slots = make_batch(step["seq_lens"], step["q_lens"])
+    num_actual = int(query_start_loc[-1])
     q = torch.randn(len(names), NUM_TOKENS, HEADS * HEAD_DIM)
     k = torch.randn(len(names), NUM_TOKENS, KV_HEADS * HEAD_DIM)
     v = torch.randn(len(names), NUM_TOKENS, KV_HEADS * HEAD_DIM)
@@ -116,10 +148,12 @@ def run_step(compiled, model, names, config, step):
         # carries no slot_mapping (vLLM then skips the update) and the write
         # is done here with the reference.
         key_cache, value_cache = split_cache(layer.kv_cache)
-        reshape_and_cache_ref(k[i].view(NUM_TOKENS, KV_HEADS, HEAD_DIM),
-                              v[i].view(NUM_TOKENS, KV_HEADS, HEAD_DIM),
+        reshape_and_cache_ref(k[i, :num_actual].view(num_actual, KV_HEADS, HEAD_DIM),
+                              v[i, :num_actual].view(num_actual, KV_HEADS, HEAD_DIM),
                               key_cache, value_cache, slots)
     causal, threshold = step["causal"], step["threshold_3d"]
+    for layer in model.attn:   # a fresh draft each step: causal (EAGLE) or not (DFlash)
+        layer.impl.sliding_window = (-1, -1)
     draft_md = metadata(seq_lens, query_start_loc, table, slots, causal, threshold)
     target_md = metadata(seq_lens.clone(), query_start_loc, table.clone(), slots, causal,
                          threshold)
@@ -131,26 +165,33 @@ def run_step(compiled, model, names, config, step):
         step_cache = get_forward_context().additional_kwargs.get(
             "dspark_windowed_attn_metadata", {})
 
+    def full(p, s):
+        return (0, p + 1) if causal else (0, s)
+
+    def windowed(p, s):
+        if causal:
+            return (max(p + 1 - WINDOW, 0), p + 1)   # K = 0 (dflash)
+        return (max(s - WINDOW, 0) // BLOCK * BLOCK, s)
+
     scale = HEAD_DIM ** -0.5
-    start = compute_window(seq_lens, WINDOW, BLOCK, 0).start
     errors, window_effect = {}, {}
     for i, (name, layer) in enumerate(zip(names, model.attn)):
         key_cache, value_cache = split_cache(layer.kv_cache)
-        query = q[i].view(NUM_TOKENS, HEADS, HEAD_DIM)
-        full = paged_attention_ref(query, key_cache, value_cache, table, seq_lens,
-                                   query_start_loc, scale, causal)
-        windowed = paged_attention_ref(query, key_cache, value_cache, table, seq_lens,
-                                       query_start_loc, scale, causal, kv_start=start)
-        expected = windowed if name in DRAFT else full
-        out = outs[i].view(NUM_TOKENS, HEADS, HEAD_DIM)
+        query = q[i, :num_actual].view(num_actual, HEADS, HEAD_DIM)
+        args = (query, key_cache, value_cache, table, seq_lens, query_start_loc, scale)
+        full_out, windowed_out = dense_reference(*args, full), dense_reference(*args, windowed)
+        expected = windowed_out if name in DRAFT else full_out
+        out = outs[i][:num_actual].view(num_actual, HEADS, HEAD_DIM)
         errors[name] = float((out - expected).abs().max())
-        window_effect[name] = float((windowed - full).abs().max())
+        window_effect[name] = float((windowed_out - full_out).abs().max())
+    windowed_md = next(iter(step_cache.values()))[1] if step_cache else None
     return {
         "errors": errors, "window_effect": window_effect,
         "windowed_metadata_objects": len(step_cache),
         "metadata_unchanged": bool(torch.equal(draft_md.seq_lens, original[0])
                                    and torch.equal(draft_md.block_table, original[1])),
-        "window_start": start.tolist(),
+        "windowed_seq_lens": windowed_md.seq_lens.tolist() if windowed_md is not None else None,
+        "draft_sliding_window": [list(layer.impl.sliding_window) for layer in model.attn],
     }
 
 

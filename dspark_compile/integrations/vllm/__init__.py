@@ -10,13 +10,15 @@ import logging
 
 from dspark_compile.integrations.vllm.attention_op import (
     OP_NAME, unified_attention_with_output_windowed, windowed_attention_op)
+from dspark_compile.integrations.vllm.compile_context import (
+    DRAFT_MODEL_TAGS, CompileContext, find_compile_context)
 from dspark_compile.integrations.vllm.config import (
     ADDITIONAL_CONFIG_KEY, SUPPORTED_METHODS, WindowOverrides, attention_is_split_out,
     resolve_window_config)
 from dspark_compile.integrations.vllm.inductor_pass import DraftWindowInductorPass
 from dspark_compile.integrations.vllm.metadata import (
-    SUPPORTED_BACKENDS, StepWindows, WindowBuffers, kernel_block_size,
-    window_attention_metadata)
+    SUPPORTED_BACKENDS, StepWindows, WindowBuffers, WindowSpec, kernel_block_size,
+    set_native_window, window_attention_metadata)
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +33,10 @@ def register_plugin() -> None:
 
 
 __all__ = [
-    "ADDITIONAL_CONFIG_KEY", "DraftWindowInductorPass", "OP_NAME", "SUPPORTED_BACKENDS",
+    "ADDITIONAL_CONFIG_KEY", "CompileContext", "DRAFT_MODEL_TAGS", "DraftWindowInductorPass", "OP_NAME", "SUPPORTED_BACKENDS",
     "SUPPORTED_METHODS", "StepWindows", "WindowBuffers", "WindowOverrides",
-    "attention_is_split_out", "kernel_block_size", "register_plugin", "resolve_window_config",
+    "WindowSpec", "attention_is_split_out", "find_compile_context", "kernel_block_size",
+    "register_plugin", "resolve_window_config", "set_native_window",
     "unified_attention_with_output_windowed", "window_attention_metadata",
     "windowed_attention_op",
 ]

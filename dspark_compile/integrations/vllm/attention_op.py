@@ -2,12 +2,20 @@
 
 Same arguments and in-place semantics as ``vllm::unified_attention_with_output``
 (writes ``output``; ``output_block_scale`` is in the mutation set too) plus
-``window_size`` (W) and ``future_offset`` (K). At run time it reads the layer's
-metadata from vLLM's forward context, windows it (``metadata.StepWindows``:
-once per metadata object per step) and calls the layer's attention
-implementation with it. slot_mapping and the KV-cache update op are untouched.
-A layer that vLLM has not marked ``is_draft_layer`` is never windowed (it runs
-with its own metadata, with one warning).
+``window_size`` (W), ``future_offset`` (K) and ``max_num_seqs`` (capacity of
+the persistent window buffers). The pass emits it only for draft layers. At
+run time it gives the layer's attention implementation the backend's native
+per-token window of ``W - K`` tokens, windows the layer's metadata from
+vLLM's forward context (``metadata.StepWindows``: once per metadata object
+per step) and calls the implementation with it. slot_mapping and the
+KV-cache update op are untouched.
+
+The op is registered with ``torch.Tag.cudagraph_unsafe``: under
+``use_inductor_graph_partition`` Inductor leaves it outside the captured
+partitions, like vLLM's own attention ops (PIECEWISE graphs run it eagerly).
+Under FULL CUDA graphs it is captured with the rest of the draft forward (its
+buffers are persistent and it reads no host value that changes between
+replays other than those vLLM itself freezes: see README, "CUDA graphs").
 
 Importing this module registers the op (vLLM's ``direct_register_custom_op``,
 so the schema matches vLLM's op). No ``from __future__ import annotations``
@@ -25,8 +33,8 @@ from vllm.model_executor.layers.attention.attention import get_attention_context
 from vllm.model_executor.layers.attention.kv_transfer_utils import maybe_transfer_kv_layer
 from vllm.utils.torch_utils import LayerNameType, _resolve_layer_name, direct_register_custom_op
 
-from dspark_compile.integrations.vllm.metadata import StepWindows
-from dspark_compile.validation import warn_once
+from dspark_compile.integrations.vllm.metadata import (
+    StepWindows, is_causal, metadata_backend, set_native_window)
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +52,7 @@ def unified_attention_with_output_windowed(
     layer_name: LayerNameType,
     window_size: int,
     future_offset: int,
+    max_num_seqs: int,
     output_scale: torch.Tensor | None = None,
     output_block_scale: torch.Tensor | None = None,
     kv_cache_dummy_dep: torch.Tensor | None = None,
@@ -52,13 +61,11 @@ def unified_attention_with_output_windowed(
     name = _resolve_layer_name(layer_name)
     attn_metadata, layer, kv_cache, _ = get_attention_context(name)
     if attn_metadata is not None:
-        if getattr(layer, "is_draft_layer", False):
-            attn_metadata = STEP_WINDOWS.windowed(get_forward_context(), name, attn_metadata,
-                                                  kv_cache, window_size, future_offset)
-        else:
-            warn_once(logger, f"not_draft:{name}",
-                      "layer %s is not a draft layer (is_draft_layer is False): "
-                      "its attention runs unwindowed", name)
+        set_native_window(layer, metadata_backend(attn_metadata), window_size - future_offset,
+                          is_causal(attn_metadata))
+        attn_metadata = STEP_WINDOWS.windowed(get_forward_context(), name, layer, attn_metadata,
+                                              kv_cache, window_size, future_offset,
+                                              max_num_seqs, query.dtype)
     layer.impl.forward(layer, query, key, value, kv_cache, attn_metadata, output=output,
                        output_scale=output_scale, output_block_scale=output_block_scale)
 
@@ -69,6 +76,7 @@ direct_register_custom_op(
     op_func=unified_attention_with_output_windowed,
     mutates_args=["output", "output_block_scale"],
     target_lib=_LIB,
+    tags=(torch.Tag.cudagraph_unsafe,),
 )
 
 

@@ -3,15 +3,19 @@
 It rewrites ``vllm::unified_attention_with_output`` calls of DRAFT layers
 (functionalized v1/v2 or direct) into
 ``dspark::unified_attention_with_output_windowed`` with the same arguments
-plus ``window_size`` and ``future_offset``; target-layer calls, the KV-cache
-update op and slot_mapping are untouched.
+plus ``window_size``, ``future_offset`` and ``max_num_seqs``; target-layer
+calls, the KV-cache update op and slot_mapping are untouched.
 
-A layer is a draft layer when vLLM's proposer marked it: it sets
-``is_draft_layer = True`` on every attention layer the draft model added
-(``vllm/v1/spec_decode/llm_base_proposer.py`` ``load_model``) before the first
-compile. Layer names are read from the call (a string, a ``LayerName``, or a
-hoisted ``LayerName`` graph input whose fake value keeps the real object) and
-looked up in ``compilation_config.static_forward_context``.
+Settings come from the ``VllmConfig`` of the model being compiled
+(``compile_context.find_compile_context``: the ``@support_torch_compile``
+module on the call stack), never from whatever config happens to be current.
+A layer is a draft layer when vLLM 0.33's proposer marked it
+``is_draft_layer`` or when the graph belongs to a model vLLM built under a
+draft model tag (``draft_model``, ``eagle_head``, ``dflash_head``,
+``dspark_head``; vLLM 0.32 sets no ``is_draft_layer``). Layer names are read
+from the call (a string, a ``LayerName``, or a hoisted ``LayerName`` graph
+input whose fake value keeps the real object) and looked up in
+``compilation_config.static_forward_context``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from torch._higher_order_ops.auto_functionalize import (
     auto_functionalized, auto_functionalized_v2)
 
 from vllm.compilation.passes.inductor_pass import InductorPass
-from vllm.config import get_current_vllm_config_or_none
 from vllm.utils.torch_utils import LayerName
 
 from dspark_compile.config import DraftWindowConfig
 from dspark_compile.integrations.vllm import attention_op
+from dspark_compile.integrations.vllm.compile_context import CompileContext, find_compile_context
 from dspark_compile.integrations.vllm.config import (
     ADDITIONAL_CONFIG_KEY, WindowOverrides, attention_is_split_out, resolve_window_config)
 from dspark_compile.integrations.vllm.metadata import SUPPORTED_BACKENDS
@@ -46,12 +50,12 @@ _FUNCTIONALIZED = (auto_functionalized, auto_functionalized_v2)
 class DraftWindowInductorPass(InductorPass):
     """Draft KV sliding window as a vLLM post-grad custom pass.
 
-    Arguments override what the current ``VllmConfig`` says
+    Arguments override what the ``VllmConfig`` says
     (``additional_config["draft_window_size"]``, ``speculative_config.method``
-    and ``.num_speculative_tokens``); ``None`` reads it. The config is resolved
-    against the current vLLM config (set by vLLM while it compiles), so one
-    module-level instance serves every engine. ``uuid()`` covers the resolved
-    config: two window sizes never share a compile-cache entry.
+    and ``.num_speculative_tokens``); ``None`` reads it. The config is that
+    of the vLLM model being compiled, so one module-level instance serves
+    every engine. ``uuid()`` covers the resolved config: two window sizes
+    never share a compile-cache entry.
     """
 
     def __init__(self, draft_window_size: Optional[int] = None, method: Optional[str] = None,
@@ -61,9 +65,10 @@ class DraftWindowInductorPass(InductorPass):
                                          future_offset)
 
     def window_config(self, vllm_config: Any = None) -> DraftWindowConfig:
-        """Resolved config for ``vllm_config`` (default: vLLM's current config)."""
+        """Resolved config for ``vllm_config`` (default: that of the model being compiled)."""
         if vllm_config is None:
-            vllm_config = get_current_vllm_config_or_none()
+            context = find_compile_context()
+            vllm_config = context.vllm_config if context is not None else None
         return resolve_window_config(vllm_config, self.overrides)
 
     def uuid(self) -> str:
@@ -77,25 +82,44 @@ class DraftWindowInductorPass(InductorPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
         record_pass(new_graph_id(), self.name, self.apply(graph))
 
-    def apply(self, graph: torch.fx.Graph, vllm_config: Any = None) -> dict[str, int]:
-        """Rewrite ``graph`` in place; returns counters of what was found and done."""
+    def apply(self, graph: torch.fx.Graph, vllm_config: Any = None,
+              model_tag: Optional[str] = None) -> dict[str, int]:
+        """Rewrite ``graph`` in place; returns counters of what was found and done.
+
+        ``vllm_config``/``model_tag`` default to the compiling model's
+        (``find_compile_context``). Raises ``RuntimeError`` when a window is
+        configured but no vLLM config can be found, ``ValueError`` for a draft
+        layer on an unsupported backend; warns when a draft graph reaches the
+        pass without any attention call (attention split out of the graph).
+        """
+        context = None
         if vllm_config is None:
-            vllm_config = get_current_vllm_config_or_none()
-        config = self.window_config(vllm_config)
+            context = find_compile_context()
+            if context is not None:
+                vllm_config, model_tag = context.vllm_config, context.model_tag
+        config = resolve_window_config(vllm_config, self.overrides)
         stats = keys.new_stats(keys.ATTENTION_CALLS, keys.REWRITTEN, keys.TARGET_UNTOUCHED,
                                keys.UNKNOWN_UNTOUCHED, keys.DRAFT_MLA_UNWINDOWED)
+        rewritten: list[str] = []
         if not config.enabled:
             _log_window_off_once(config)
             return stats
+        if vllm_config is None:
+            raise RuntimeError(
+                f"dspark draft window: draft_window_size={config.draft_window_size} is set but "
+                "this graph is not compiled by vLLM (no VllmConfig on the call stack and none "
+                "current): cannot tell draft layers from target layers")
         _warn_if_attention_split_out(vllm_config)
+        draft_graph = CompileContext(vllm_config, model_tag, "").is_draft_model
         layers = _static_layers(vllm_config)
+        max_num_seqs = _max_num_seqs(vllm_config)
         op = torch.ops.vllm.unified_attention_with_output.default
         new_op = attention_op.windowed_attention_op()
         for node in list(graph.nodes):
             functionalized = node.op == "call_function" and node.target in _FUNCTIONALIZED
             target = node.args[0] if functionalized else node.target
             if target is _mla_op():
-                _warn_if_draft_mla(node, functionalized, layers, stats)
+                _warn_if_draft_mla(node, functionalized, layers, draft_graph, stats)
             if target is not op:
                 continue
             stats[keys.ATTENTION_CALLS] += 1
@@ -107,16 +131,37 @@ class DraftWindowInductorPass(InductorPass):
                                "(layer %r) belongs to the draft: no such layer in "
                                "static_forward_context; left unwindowed", node.name, name)
                 continue
-            if not getattr(layer, "is_draft_layer", False):
+            if not (draft_graph or getattr(layer, "is_draft_layer", False)):
                 stats[keys.TARGET_UNTOUCHED] += 1
                 continue
             _check_backend(name, layer)
             extra = {"window_size": config.draft_window_size,
-                     "future_offset": config.resolved_future_offset}
+                     "future_offset": config.resolved_future_offset,
+                     "max_num_seqs": max_num_seqs}
             _retarget(node, functionalized, new_op, extra)
             stats[keys.REWRITTEN] += 1
+            rewritten.append(name)
+        if draft_graph and stats[keys.REWRITTEN] == 0 and not attention_is_split_out(vllm_config):
+            logger.warning(
+                "dspark draft window is ON (draft_window_size=%d) but the draft model's graph "
+                "(model tag %r) reached the pass with no attention call to window: its attention "
+                "layers are not vllm::unified_attention_with_output calls; the draft runs "
+                "unwindowed", config.draft_window_size, model_tag)
+        PASS_RECORDS.append({"model_tag": model_tag, "rewritten_layers": rewritten,
+                             "window": config.as_dict(), **stats})
         graph.lint()
         return stats
+
+
+#: One record per graph the pass saw with the window on, in this process: the
+#: model tag, the layers rewritten, the resolved window config and the counters.
+PASS_RECORDS: list[dict[str, Any]] = []
+
+
+def _max_num_seqs(vllm_config: Any) -> int:
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    value = getattr(scheduler, "max_num_seqs", None)
+    return int(value) if value else 1
 
 
 def _retarget(node: torch.fx.Node, functionalized: bool, new_op: Any,
@@ -141,9 +186,9 @@ def _mla_op() -> Any:
 
 
 def _warn_if_draft_mla(node: torch.fx.Node, functionalized: bool, layers: dict[str, Any],
-                       stats: dict[str, int]) -> None:
+                       draft_graph: bool, stats: dict[str, int]) -> None:
     name = _layer_name(node, functionalized)
-    if not getattr(layers.get(name), "is_draft_layer", False):
+    if not (draft_graph or getattr(layers.get(name), "is_draft_layer", False)):
         return
     stats[keys.DRAFT_MLA_UNWINDOWED] += 1
     logger.warning("dspark draft window: draft layer %s uses MLA attention "

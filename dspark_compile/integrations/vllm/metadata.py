@@ -1,38 +1,56 @@
-"""Window a vLLM attention-metadata object (FlashAttention and Triton backends).
+"""Window a vLLM draft layer's attention: native per-token window + windowed metadata.
 
-``window_attention_metadata`` returns a shallow copy of the metadata in which
-everything attention reads as a KV length is windowed with
-``dspark_compile.arithmetic.window`` (docs/design.md, "Two window mechanisms"):
+The vLLM route meets the window contract for every causal draft query token
+at absolute position ``p``, for any query length (decode, multi-token draft
+steps, draft prefill, chunked prefill): it attends to keys ``j`` with
+``lo(p) <= j <= p``, ``lo(p) = max(p + 1 + K - W, 0)`` EXACTLY, i.e. its last
+``W - K`` tokens. Two mechanisms, both applied to every draft-layer call:
 
-- ``seq_lens`` -> ``windowed_len`` (device, no host sync),
-- ``block_table`` -> columns ``start_block + [0, ceil(W/b) + 1)``, zero padded,
-- ``max_seq_len`` -> ``min(max_seq_len, W - K + b - 1)``,
-- FlashAttention's AOT ``scheduler_metadata`` (planned from the full
-  ``seq_lens``) -> ``None``: FA3 then plans from the windowed ``seq_lens``.
+1. **Native per-token window** (correctness). The layer's attention
+   implementation gets the backend's own sliding window of ``n = W - K``
+   tokens (``set_native_window``): FlashAttention and Triton take
+   ``sliding_window = (n - 1, 0)`` (left window; Triton's mask is
+   ``q - k < 1 + (n - 1)``), CPU attention takes ``sliding_window = n``
+   (its kernel and its scheduler metadata).
+2. **Windowed metadata** (bandwidth; ``window_attention_metadata``). Per
+   request, the KV before the block-aligned window start of the request's
+   FIRST query token is cut away: with ``q`` the request's query length and
+   ``s`` its ``seq_len``,
 
-``slot_mapping`` (KV writes) is the same tensor object; every other field is
-shared. Features whose metadata holds absolute positions or per-rank context
-lengths (multimodal prefix ranges, R-SWA, decode context parallel) raise.
+   ``start = floor(max(s - q + 1 + K - W, 0) / b) * b``
 
-``StepWindows`` applies the window once per metadata object per forward step
-(vLLM's forward context), writing into persistent per-KV-group buffers whose
-``data_ptr()`` is stable across steps.
+   ``seq_lens -> s - start``; ``block_table -> columns start/b + [0, C)`` of
+   the full table, zero past what the request needs and past the table's
+   width, with ``C = min(width, ceil((max_query_len + W - K) / b) + 1)``;
+   ``max_seq_len -> min(max_seq_len, max_query_len + W - K + b - 2)``.
+   Every query token keeps all keys its window needs (the first token's
+   window starts earliest), so (1) alone decides what each token reads.
+   A NON-causal draft block (DFlash: all its queries read the same keys)
+   gets no native window and the metadata window of its last token
+   (``q`` taken as 1).
+   FlashAttention's AOT ``scheduler_metadata`` (planned from the full
+   lengths) is dropped so FA3 plans from the windowed ones; CPU attention's
+   scheduler metadata is recomputed from the windowed lengths and window.
+
+``slot_mapping`` (KV writes, absolute slots) is the same tensor object; every
+other field is shared. Multimodal prefix ranges, R-SWA and decode context
+parallel raise. ``StepWindows`` applies (2) once per metadata object per
+forward step into persistent buffers allocated at the first call (before any
+CUDA-graph capture) and never reallocated.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from typing import Any
 
 import torch
 
-from dspark_compile.arithmetic.window import window_upper_bound
-from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
-
 logger = logging.getLogger(__name__)
 
-SUPPORTED_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN")
+SUPPORTED_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "CPU_ATTN")
 _STEP_CACHE_KEY = "dspark_windowed_attn_metadata"
 # (field, backend feature) pairs the window cannot shift: absolute positions
 # or per-rank context lengths.
@@ -44,62 +62,238 @@ _UNSUPPORTED_FIELDS = (
 )
 
 
-def supported_metadata_types() -> tuple[type, ...]:
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
-    from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadata
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """W (window), K (future offset), b (kernel block size); ``tokens = W - K``."""
 
-    return (FlashAttentionMetadata, TritonAttentionMetadata)
+    window_size: int
+    future_offset: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if self.future_offset >= self.window_size:
+            raise ValueError(f"future_offset={self.future_offset} must be < "
+                             f"window_size={self.window_size}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be positive")
+
+    @property
+    def tokens(self) -> int:
+        return self.window_size - self.future_offset
+
+
+def _metadata_classes() -> dict[str, type]:
+    """Metadata class per supported backend name, for the backends this vLLM ships."""
+    classes: dict[str, type] = {}
+    try:
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
+        classes["FLASH_ATTN"] = FlashAttentionMetadata
+    except ImportError:  # CPU builds may lack the FA extension
+        pass
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadata
+    classes["TRITON_ATTN"] = TritonAttentionMetadata
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+        classes["CPU_ATTN"] = CPUAttentionMetadata
+    except ImportError:
+        pass
+    return classes
+
+
+def supported_metadata_types() -> tuple[type, ...]:
+    return tuple(_metadata_classes().values())
+
+
+def metadata_backend(metadata: Any) -> str:
+    """The backend name of a metadata object; ``TypeError`` for any other backend."""
+    for name, cls in _metadata_classes().items():
+        if isinstance(metadata, cls):
+            return name
+    raise TypeError(
+        f"attention metadata of type {type(metadata).__name__} cannot be windowed: "
+        f"the draft window supports the {', '.join(SUPPORTED_BACKENDS)} backends")
 
 
 def kernel_block_size(kv_cache: torch.Tensor) -> int:
-    """Block size of a FlashAttention/Triton KV cache, logical ``[B, Hkv, b, 2*D]``."""
+    """Block size of a FlashAttention/Triton/CPU KV cache, logical ``[B, Hkv, b, 2*D]``
+    (FlashAttention: ``[2, B, b, Hkv, D]``)."""
+    if kv_cache.dim() == 5 and kv_cache.shape[0] == 2:
+        return int(kv_cache.shape[2])
     if kv_cache.dim() != 4:
         raise ValueError(f"kv_cache of shape {tuple(kv_cache.shape)} is not a "
                          "[num_blocks, num_kv_heads, block_size, 2 * head_size] cache")
     return int(kv_cache.shape[2])
 
 
+def native_window_value(backend: str, tokens: int) -> Any:
+    """The ``impl.sliding_window`` value that makes a query see its last ``tokens`` keys."""
+    if backend in ("FLASH_ATTN", "TRITON_ATTN"):
+        return (tokens - 1, 0)
+    if backend == "CPU_ATTN":
+        return tokens
+    raise ValueError(f"backend={backend!r} has no native draft window: expected one of "
+                     f"{', '.join(SUPPORTED_BACKENDS)}")
+
+
+def _window_disabled(value: Any) -> bool:
+    return value is None or value == -1 or value == (-1, -1)
+
+
+def set_native_window(layer: Any, backend: str, tokens: int, causal: bool = True) -> None:
+    """Give ``layer.impl`` the backend's sliding window of ``tokens`` (idempotent).
+
+    Only for causal attention: a non-causal draft block (DFlash) is windowed
+    by its metadata alone (every query of the block reads the same keys), and
+    a layer that has the native window must never run non-causal (raises).
+    Raises ``NotImplementedError`` when the layer already has a different
+    sliding window of its own (a draft with trained sliding-window layers).
+    """
+    impl = layer.impl
+    want = native_window_value(backend, tokens)
+    have = getattr(impl, "sliding_window", None)
+    if have == want:
+        if not causal:
+            raise RuntimeError(
+                f"draft layer {getattr(layer, 'layer_name', '?')} has the native causal draft "
+                "window but now runs non-causal attention; the window cannot serve both")
+        return
+    if not causal:
+        return
+    if not _window_disabled(have):
+        raise NotImplementedError(
+            f"draft layer {getattr(layer, 'layer_name', '?')} already has its own sliding "
+            f"window {have!r}; combining it with the draft window ({want!r}) is not supported")
+    impl.sliding_window = want
+
+
 class WindowBuffers:
-    """Persistent outputs of one KV-cache group: windowed seq_lens and block table."""
+    """Persistent windowed ``seq_lens`` and block table of one KV-cache group.
 
-    def __init__(self, window_size: int, block_size: int, future_offset: int,
-                 max_num_reqs: int, device: torch.device, seq_lens_dtype: torch.dtype,
-                 table_dtype: torch.dtype) -> None:
-        self.adapter = SlidingWindowAdapter(window_size, block_size, max_num_reqs,
-                                            future_offset, device=device, dtype=table_dtype)
+    Sized once, ``[max_num_reqs]`` and ``[max_num_reqs, table_width]`` (the
+    runner's full block-table width); never reallocated, so pointers captured
+    in CUDA graphs stay valid. A step that does not fit raises.
+    """
+
+    def __init__(self, max_num_reqs: int, table_width: int, device: torch.device,
+                 seq_lens_dtype: torch.dtype, table_dtype: torch.dtype) -> None:
         self.seq_lens = torch.zeros(max_num_reqs, dtype=seq_lens_dtype, device=device)
+        self.block_table = torch.zeros(max_num_reqs, table_width, dtype=table_dtype,
+                                       device=device)
 
-    def fits(self, num_reqs: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> bool:
-        return (num_reqs <= self.seq_lens.shape[0]
-                and self.seq_lens.device == seq_lens.device
-                and self.seq_lens.dtype == seq_lens.dtype
-                and self.adapter.block_table_buffer.dtype == block_table.dtype)
+    def check_fits(self, seq_lens: torch.Tensor, block_table: torch.Tensor) -> None:
+        num_reqs, width = block_table.shape
+        cap_reqs, cap_width = self.block_table.shape
+        if (num_reqs > cap_reqs or width > cap_width
+                or seq_lens.device != self.seq_lens.device
+                or seq_lens.dtype != self.seq_lens.dtype
+                or block_table.dtype != self.block_table.dtype):
+            raise RuntimeError(
+                f"draft window buffers ([{cap_reqs}, {cap_width}] {self.block_table.dtype} on "
+                f"{self.block_table.device}) cannot hold a step with {num_reqs} requests and a "
+                f"[{num_reqs}, {width}] {block_table.dtype} block table on {block_table.device}; "
+                "they are sized once from max_num_seqs and the first block table and never "
+                "reallocated (CUDA graphs keep their pointers)")
 
 
-def window_attention_metadata(metadata: Any, buffers: WindowBuffers) -> Any:
-    """Windowed shallow copy of a FlashAttention/Triton metadata object (see module doc)."""
-    if not isinstance(metadata, supported_metadata_types()):
-        raise TypeError(
-            f"attention metadata of type {type(metadata).__name__} cannot be windowed: "
-            f"the draft window supports the {', '.join(SUPPORTED_BACKENDS)} backends")
+def is_causal(metadata: Any) -> bool:
+    """True for plain causal metadata (a per-step causal tensor counts as non-causal)."""
+    causal = getattr(metadata, "causal", True)
+    return causal is True
+
+
+def window_start(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                 spec: WindowSpec, causal: bool = True) -> torch.Tensor:
+    """Block-aligned window start per request (device, no sync).
+
+    Causal: the window of the request's FIRST query token, so every token of
+    the block keeps its own window. Non-causal (a DFlash-style block whose
+    queries all read the same keys): the window of the last token,
+    ``max(seq_len + K - W, 0)``.
+    """
+    num_reqs = seq_lens.shape[0]
+    if causal:
+        q_lens = (query_start_loc[1:num_reqs + 1] - query_start_loc[:num_reqs]).to(seq_lens.dtype)
+    else:
+        q_lens = torch.ones_like(seq_lens)
+    first = seq_lens - q_lens
+    lo = torch.clamp(first + 1 - spec.tokens, min=0)
+    return torch.div(lo, spec.block_size, rounding_mode="floor") * spec.block_size
+
+
+def window_columns(max_query_len: int, table_width: int, spec: WindowSpec) -> int:
+    """Columns of the windowed block table: enough for any request of the step."""
+    needed = -(-(max(max_query_len, 1) + spec.tokens) // spec.block_size) + 1
+    return max(1, min(table_width, needed))
+
+
+def window_attention_metadata(metadata: Any, buffers: WindowBuffers, spec: WindowSpec,
+                              layer: Any = None, query_dtype: torch.dtype | None = None) -> Any:
+    """Windowed shallow copy of a FlashAttention/Triton/CPU metadata object (module doc).
+
+    ``layer`` (the draft layer) and ``query_dtype`` are needed for CPU attention,
+    whose scheduler metadata is recomputed.
+    """
+    backend = metadata_backend(metadata)
     for field, feature in _UNSUPPORTED_FIELDS:
         if getattr(metadata, field, None) is not None:
             raise NotImplementedError(
                 f"{type(metadata).__name__}.{field} is set ({feature}): the draft window "
                 f"does not support {feature}")
-    adapter = buffers.adapter
-    num_reqs = metadata.seq_lens.shape[0]
-    windowed = adapter.apply(metadata.seq_lens, metadata.block_table)
-    seq_lens = buffers.seq_lens[:num_reqs]
-    seq_lens.copy_(windowed.seq_lens)
+    seq_lens, table = metadata.seq_lens, metadata.block_table
+    buffers.check_fits(seq_lens, table)
+    num_reqs, width = table.shape
+    causal = is_causal(metadata)
+    start = window_start(seq_lens, metadata.query_start_loc, spec, causal)
+    new_lens = buffers.seq_lens[:num_reqs]
+    torch.sub(seq_lens, start, out=new_lens)
+    max_query_len = int(metadata.max_query_len) if causal else 1
+    cols = window_columns(max_query_len, width, spec)
+    offsets = torch.arange(cols, device=table.device, dtype=table.dtype)
+    src = torch.div(start, spec.block_size, rounding_mode="floor").to(table.dtype)[:, None] + offsets
+    needed = torch.div(new_lens + spec.block_size - 1, spec.block_size,
+                       rounding_mode="floor").to(table.dtype)
+    valid = (offsets[None, :] < needed[:, None]) & (src < width)
+    gathered = torch.gather(table, 1, torch.clamp(src, max=width - 1).long())
+    new_table = buffers.block_table[:num_reqs, :cols]
+    torch.where(valid, gathered, torch.zeros((), dtype=table.dtype, device=table.device),
+                out=new_table)
     out = copy.copy(metadata)
-    out.seq_lens = seq_lens
-    out.block_table = windowed.block_table
-    out.max_seq_len = window_upper_bound(metadata.max_seq_len, adapter.window_size,
-                                         adapter.block_size, adapter.future_offset)
-    if getattr(metadata, "scheduler_metadata", None) is not None:
+    out.seq_lens = new_lens
+    out.block_table = new_table
+    bound = max_query_len + spec.tokens + spec.block_size - 2
+    out.max_seq_len = min(int(metadata.max_seq_len), bound)
+    if backend == "FLASH_ATTN" and getattr(metadata, "scheduler_metadata", None) is not None:
         out.scheduler_metadata = None
+    if backend == "CPU_ATTN":
+        out.scheduler_metadata = _cpu_scheduler_metadata(out, layer, spec, query_dtype)
     return out
+
+
+def _cpu_scheduler_metadata(metadata: Any, layer: Any, spec: WindowSpec,
+                            query_dtype: torch.dtype | None) -> torch.Tensor:
+    """CPU attention's work plan for the windowed lengths and the native window."""
+    import vllm.envs as envs
+    from vllm import _custom_ops as ops
+
+    if layer is None or query_dtype is None:
+        raise ValueError("CPU attention metadata needs the draft layer and the query dtype "
+                         "to recompute its scheduler metadata")
+    impl = layer.impl
+    return ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=metadata.seq_lens.shape[0], num_heads=impl.num_heads,
+        num_kv_heads=impl.num_kv_heads, head_dim=impl.head_size, seq_lens=metadata.seq_lens,
+        dtype=query_dtype, query_start_loc=metadata.query_start_loc, causal=metadata.causal,
+        sliding_window_size=spec.tokens, isa=layer.isa,
+        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, dynamic_causal=metadata.dynamic_causal,
+        kv_cache_dtype=impl.kv_cache_dtype)
+
+
+@dataclasses.dataclass
+class WindowStats:
+    """What the windowed op did in this process (read by tests and logs)."""
+
+    windowed_calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    metadata_windowed: int = 0
 
 
 class StepWindows:
@@ -112,37 +306,34 @@ class StepWindows:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, WindowBuffers] = {}
+        self.stats = WindowStats()
 
-    def windowed(self, forward_context: Any, layer_name: str, metadata: Any,
-                 kv_cache: torch.Tensor, window_size: int, future_offset: int) -> Any:
+    def windowed(self, forward_context: Any, layer_name: str, layer: Any, metadata: Any,
+                 kv_cache: torch.Tensor, window_size: int, future_offset: int,
+                 max_num_seqs: int, query_dtype: torch.dtype) -> Any:
+        self.stats.windowed_calls[layer_name] = self.stats.windowed_calls.get(layer_name, 0) + 1
         step = forward_context.additional_kwargs.setdefault(_STEP_CACHE_KEY, {})
         hit = step.get(id(metadata))
         if hit is not None and hit[0] is metadata:
             return hit[1]
-        block_size = kernel_block_size(kv_cache)
-        buffers = self._buffers_for(layer_name, metadata, window_size, block_size, future_offset)
-        result = window_attention_metadata(metadata, buffers)
+        spec = WindowSpec(window_size, future_offset, kernel_block_size(kv_cache))
+        buffers = self._buffers_for(layer_name, metadata, spec, max_num_seqs)
+        result = window_attention_metadata(metadata, buffers, spec, layer, query_dtype)
+        result.dspark_window = spec
+        self.stats.metadata_windowed += 1
         step[id(metadata)] = (metadata, result)
         return result
 
-    def _buffers_for(self, layer_name: str, metadata: Any, window_size: int,
-                     block_size: int, future_offset: int) -> WindowBuffers:
-        key = (layer_name, window_size, block_size, future_offset)
-        num_reqs = metadata.seq_lens.shape[0]
+    def _buffers_for(self, layer_name: str, metadata: Any, spec: WindowSpec,
+                     max_num_seqs: int) -> WindowBuffers:
+        key = (layer_name, spec)
         buffers = self._buffers.get(key)
-        if buffers is None or not buffers.fits(num_reqs, metadata.seq_lens, metadata.block_table):
-            capacity = max(num_reqs, _max_num_seqs(), 1)
-            logger.debug("dspark draft window: buffers for %s (%d requests)", layer_name, capacity)
-            buffers = WindowBuffers(window_size, block_size, future_offset, capacity,
-                                    metadata.seq_lens.device, metadata.seq_lens.dtype,
-                                    metadata.block_table.dtype)
+        if buffers is None:
+            num_reqs, width = metadata.block_table.shape
+            capacity = max(num_reqs, max_num_seqs, 1)
+            logger.info("dspark draft window: buffers for %s: %d requests x %d blocks",
+                        layer_name, capacity, width)
+            buffers = WindowBuffers(capacity, width, metadata.seq_lens.device,
+                                    metadata.seq_lens.dtype, metadata.block_table.dtype)
             self._buffers[key] = buffers
         return buffers
-
-
-def _max_num_seqs() -> int:
-    from vllm.config import get_current_vllm_config_or_none
-
-    config = get_current_vllm_config_or_none()
-    scheduler = getattr(config, "scheduler_config", None)
-    return int(getattr(scheduler, "max_num_seqs", 0) or 0)

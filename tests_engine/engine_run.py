@@ -1,0 +1,77 @@
+"""Run one vLLM engine as the README configures it and write a JSON report.
+
+``python engine_run.py SPEC.json REPORT.json``. SPEC: ``target``, ``method``,
+``draft``, ``num_speculative_tokens``, ``window`` (null: no window), ``tp``,
+``prompt_lens``, ``max_tokens``. The engine core runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); with ``tp > 1`` the workers are
+processes of vLLM's ``mp`` executor. The report holds the greedy token ids,
+vLLM's speculative-decoding counters and ``engine_probe.report`` of each worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def prompts(lens: list[int]) -> list[dict]:
+    """Deterministic token-id prompts (no tokenizer)."""
+    return [{"prompt_token_ids": [(7 * i * i + 3 * i + 11 * n) % 500 + 3 for i in range(n)]}
+            for n in lens]
+
+
+def main(spec_path: str, report_path: str) -> None:
+    from vllm import LLM, SamplingParams
+
+    import engine_probe
+
+    spec = json.loads(open(spec_path).read())
+    started = time.time()
+    # The README's configuration: the pass by qualname, attention kept in the
+    # graph, the window in additional_config.
+    kwargs = dict(
+        model=spec["target"], skip_tokenizer_init=True, dtype="float32", max_model_len=1024,
+        max_num_seqs=4, block_size=32, seed=0, disable_log_stats=False,
+        tensor_parallel_size=spec.get("tp", 1),
+        speculative_config={"method": spec["method"], "model": spec["draft"],
+                            "num_speculative_tokens": spec["num_speculative_tokens"]},
+        compilation_config={
+            "inductor_passes": {"post_grad_custom_post_pass":
+                                "dspark_compile_vllm.draft_window_pass"},
+            "splitting_ops": []},
+    )
+    if spec.get("window") is not None:
+        kwargs["additional_config"] = {"draft_window_size": spec["window"]}
+    if spec.get("tp", 1) > 1:
+        kwargs["distributed_executor_backend"] = "mp"
+    llm = LLM(**kwargs)
+    init_s = time.time() - started
+    llm.collective_rpc(engine_probe.install)
+    outputs = llm.generate(prompts(spec["prompt_lens"]),
+                           SamplingParams(temperature=0, max_tokens=spec["max_tokens"],
+                                          detokenize=False))
+    metrics = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode"):
+            metrics[metric.name] = getattr(metric, "value", None)
+            if hasattr(metric, "values"):
+                metrics[metric.name] = list(metric.values)
+    report = {
+        "spec": spec, "init_s": init_s, "total_s": time.time() - started,
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "metrics": metrics,
+        "workers": llm.collective_rpc(engine_probe.report),
+    }
+    with open(report_path, "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
