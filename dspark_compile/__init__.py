@@ -17,10 +17,12 @@ from dspark_compile.models.markov_sampling import (
     DSparkMarkovHead, block_sample_indices, gumbel_noise, sample_sequential)
 from dspark_compile.kernels.sparse_mla import causal_width, noncausal_width
 from dspark_compile.passes import (
-    AttentionOpSpec, DraftWindowPass, DSparkNonCausalIndexPass, PassManager, PassRecord, attention_op_specs,
+    AttentionOpSpec, DraftWindowPass, DSparkNonCausalIndexPass, PassManager, PassRecord,
+    PerTokenWindowArgs, attention_op_specs,
     clear_pass_records, pass_records, register_attention_op, unregister_attention_op)
 from dspark_compile.window import (
-    SlidingWindowAdapter, WindowBounds, WindowedMetadata, compute_window,
+    SlidingWindowAdapter, WindowBounds, WindowedMetadata, causal_window_metadata,
+    causal_window_metadata_packed, compute_window,
     gather_window_block_table, max_window_blocks, window_seq_lens,
     window_seq_lens_and_block_table, window_seq_lens_and_block_table_packed,
     window_upper_bound, windowed_len_bound)
@@ -31,8 +33,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "METHODS", "AttentionOpSpec", "DraftWindowConfig", "DraftWindowPass", "PassManager",
-    "PassRecord", "SlidingWindowAdapter", "WindowBounds", "WindowedMetadata",
-    "attention_op_specs", "clear_pass_records", "compute_window", "dspark_backend",
+    "PassRecord", "PerTokenWindowArgs", "SlidingWindowAdapter", "WindowBounds", "WindowedMetadata",
+    "attention_op_specs", "causal_window_metadata", "causal_window_metadata_packed",
+    "clear_pass_records", "compute_window", "dspark_backend",
     "gather_window_block_table", "max_window_blocks", "pass_records", "register_attention_op",
     "unregister_attention_op", "valid_options", "window_seq_lens",
     "window_seq_lens_and_block_table", "window_seq_lens_and_block_table_packed",
