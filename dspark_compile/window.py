@@ -24,8 +24,8 @@ decreases with p, so the anchor's window covers every query of the block.
 
 Everything runs on the tensors' device with no host synchronisation. The
 functions use only ops that Inductor fuses and torchair's GE mode converts
-(add, clamp, div(floor), mul, sub, arange, unsqueeze, lt, logical_and,
-gather, mul-by-mask); the graph pass traces these same functions, so the
+(add, clamp, div(floor), mul, sub, arange, unsqueeze, slice, lt, logical_and,
+where, gather, as_strided, mul-by-mask); the graph pass traces these same functions, so the
 eager API and the compiled graph share one definition.
 """
 

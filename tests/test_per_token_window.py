@@ -459,3 +459,59 @@ def test_inductor_computes_the_whole_packed_buffer(W, b, Q, reqs):
     want = window.causal_window_metadata(lens, table, locs, W, b, 1, max_query_len=Q)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+# --------------------------------------------------------------- CUDA (run on a GPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels under Inductor on CUDA")
+def test_compiled_causal_draft_on_cuda_matches_the_dense_mask():
+    """Inductor on CUDA: the window code and the Triton attention with per-token
+    bounds, for a long causal block (draft prefill) beside decodes."""
+    case = make_draft_case([300, 70, 9], [120, 1, 9], causal=True, seed=1)
+    W = 32
+    want = _eager(case, W, 0)
+    b = case.batch
+    args = (case.hidden.cuda(), b.positions.cuda(), [k.cuda() for k in case.key_caches],
+            [v.cuda() for v in case.value_caches], b.block_table.cuda(), b.seq_lens.cuda(),
+            b.query_start_loc.cuda(), b.slot_mapping.cuda())
+    torch._dynamo.reset()
+    compiled = torch.compile(case.model.cuda(), backend="dspark", dynamic=False,
+                             options={"draft_window_size": W, "method": "dflash"})
+    with torch.no_grad():
+        got = compiled(*args)
+    torch.testing.assert_close(got.cpu(), want, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_per_token_window_and_kernel_are_cuda_graph_capturable():
+    """Window metadata + windowed attention captured once, replayed with other
+    lengths: no host read anywhere, and the replay is correct."""
+    seq_lens, q_lens, W, b, K = CASES["mixed decode and prefill"]
+    batch, q, kc, vc = _batch(seq_lens, q_lens, b, seed=1, device="cuda")
+    lens = batch.seq_lens.clone()
+    out = torch.empty_like(q)
+
+    def step():
+        wlens, table, offset = window.causal_window_metadata_packed(
+            lens, batch.block_table, batch.query_start_loc, W, b, K,
+            max_query_len=batch.num_tokens)
+        paged_attention_triton(q, kc, vc, table, wlens, batch.query_start_loc, 0.3, True,
+                               out=out, kv_offset=offset, window_size=W, future_offset=K)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    shorter = torch.maximum(batch.seq_lens - 7, torch.tensor(q_lens, device="cuda"))
+    for new in (batch.seq_lens, shorter.to(lens.dtype)):
+        lens.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = dense_attention(q, kc, vc, batch.block_table, new, batch.query_start_loc, 0.3,
+                               True, W, K)
+        torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4)

@@ -6,7 +6,10 @@ Same semantics as ``paged_attention_ref`` (the definition of correct): query
 ``query_start_loc[R] == T``). Request i's queries sit at positions
 ``seq_lens[i] - q_len .. seq_lens[i] - 1``; causal queries see tokens ``<=``
 their position, non-causal ones all ``seq_lens[i]`` tokens; a query that sees
-nothing outputs zeros.
+nothing outputs zeros. With ``window_size`` W (and ``future_offset`` K,
+``kv_offset`` = absolute position of table token 0), a query at absolute
+position p also hides keys before ``lo(p) = floor(max(p + 1 + K - W, 0) / b) * b``
+(causal: its own p; non-causal: the request's last position).
 
 Layout of the work:
 - one program per (query tile, KV head, KV split). A query tile is up to
@@ -19,7 +22,9 @@ Layout of the work:
   (flash decoding) sized from the block table's WIDTH, never from a host read
   of ``seq_lens``; splits past a request's length exit after writing an empty
   partial. After windowing the width is ``max_window_blocks``, so a 128k
-  context with W=2048 launches work for ~2k tokens.
+  context with W=2048 launches work for ~2k tokens. With a window, a query
+  tile starts at the block of its first query's ``lo``; splits wholly below
+  it exit at once.
 - fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
   combines the splits by their log-sum-exp.
 No host synchronisation anywhere: CUDA-graph capturable.
