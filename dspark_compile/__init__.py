@@ -1,46 +1,66 @@
 """dspark-compile: torch.compile passes for speculative-decoding draft models.
 
 ``torch.compile(draft, backend="dspark", options={"draft_window_size": 2048,
-"method": "dflash"})`` windows every draft attention call (DESIGN.md 1.1);
-``method="dspark"`` also swaps causal sparse-MLA indices for the DSpark
-non-causal block form (DESIGN.md 1.2).
+"method": "dflash"})`` windows every draft attention call (docs/design.md,
+"Window arithmetic"); ``method="dspark"`` also swaps causal sparse-MLA indices
+for the DSpark non-causal block form (docs/design.md, "DSpark indices").
 """
 
+import importlib
 import logging
 
 from dspark_compile import ops  # noqa: F401  (registers torch.ops.dspark.*)
-from dspark_compile.ascend import AscendCheck, check_ascend
-from dspark_compile.backend import dspark_backend, valid_options
+from dspark_compile.arithmetic import (
+    WindowBounds, causal_width, causal_window_metadata, causal_window_metadata_packed,
+    compute_window, gather_window_block_table, max_window_blocks,
+    noncausal_width, window_seq_lens, window_seq_lens_and_block_table,
+    window_seq_lens_and_block_table_packed, window_upper_bound, windowed_len_bound)
+from dspark_compile.backend import configured_backend, dspark_backend
 from dspark_compile.config import METHODS, DraftWindowConfig
 from dspark_compile.inspection import InspectionReport, inspect
-from dspark_compile.models.markov_sampling import (
-    DSparkMarkovHead, block_sample_indices, gumbel_noise, sample_sequential)
-from dspark_compile.kernels.sparse_mla import causal_width, noncausal_width
+from dspark_compile.options import OptionError, valid_options
 from dspark_compile.passes import (
-    AttentionOpSpec, DraftWindowPass, DSparkNonCausalIndexPass, PassManager, PassRecord,
-    PerTokenWindowArgs, attention_op_specs,
-    clear_pass_records, pass_records, register_attention_op, unregister_attention_op)
-from dspark_compile.window import (
-    SlidingWindowAdapter, WindowBounds, WindowedMetadata, causal_window_metadata,
-    causal_window_metadata_packed, compute_window,
-    gather_window_block_table, max_window_blocks, window_seq_lens,
-    window_seq_lens_and_block_table, window_seq_lens_and_block_table_packed,
-    window_upper_bound, windowed_len_bound)
+    AttentionOpSpec, PassRecord, PerTokenWindowArgs, attention_op_specs, clear_pass_records,
+    pass_records, register_attention_op, unregister_attention_op)
+from dspark_compile.runtime import SlidingWindowAdapter, WindowedMetadata
+from dspark_compile.tools.ascend_check import AscendCheck, check_ascend
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "METHODS", "AttentionOpSpec", "DraftWindowConfig", "DraftWindowPass", "PassManager",
-    "PassRecord", "PerTokenWindowArgs", "SlidingWindowAdapter", "WindowBounds", "WindowedMetadata",
-    "attention_op_specs", "causal_window_metadata", "causal_window_metadata_packed",
-    "clear_pass_records", "compute_window", "dspark_backend",
-    "gather_window_block_table", "max_window_blocks", "pass_records", "register_attention_op",
-    "unregister_attention_op", "valid_options", "window_seq_lens",
+    # torch.compile backend and its options
+    "METHODS", "DraftWindowConfig", "OptionError", "configured_backend", "dspark_backend",
+    "valid_options",
+    # attention ops the window pass rewrites; what the passes did
+    "AttentionOpSpec", "PassRecord", "PerTokenWindowArgs", "attention_op_specs",
+    "clear_pass_records",
+    "pass_records", "register_attention_op", "unregister_attention_op",
+    # window arithmetic and the run-time adapter
+    "SlidingWindowAdapter", "WindowBounds", "WindowedMetadata", "causal_window_metadata",
+    "causal_window_metadata_packed", "compute_window",
+    "gather_window_block_table", "max_window_blocks", "window_seq_lens",
     "window_seq_lens_and_block_table", "window_seq_lens_and_block_table_packed",
-    "window_upper_bound", "windowed_len_bound",
+    "window_upper_bound", "windowed_len_bound", "causal_width", "noncausal_width",
+    # tools
     "AscendCheck", "InspectionReport", "check_ascend", "inspect",
-    "DSparkMarkovHead", "block_sample_indices", "gumbel_noise", "sample_sequential",
-    "DSparkNonCausalIndexPass", "causal_width", "noncausal_width",
 ]
+
+# Names the package exported before 0.2 that now live in their own modules; still
+# importable from here (see CHANGELOG.md).
+_MOVED = {
+    "DraftWindowPass": "dspark_compile.passes",
+    "DSparkNonCausalIndexPass": "dspark_compile.passes",
+    "PassManager": "dspark_compile.passes",
+    "DSparkMarkovHead": "dspark_compile.models",
+    "block_sample_indices": "dspark_compile.models",
+    "gumbel_noise": "dspark_compile.models",
+    "sample_sequential": "dspark_compile.models",
+}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

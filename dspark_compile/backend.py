@@ -1,12 +1,13 @@
 """The ``dspark`` torch.compile backend.
 
 ``torch.compile(fn, backend="dspark", options={...})``: options are the
-``DraftWindowConfig`` fields plus ``BACKEND_OPTIONS``. The graph is lowered by
+``DraftWindowConfig`` fields plus ``BACKEND_OPTIONS``, validated by
+``dspark_compile.options`` (when each is checked: see there). The graph is lowered by
 Inductor (``compile_fx`` with our ``PassManager`` as
 ``post_grad_custom_post_pass``, chained with any pass already set there), or
 with ``lowering="aot_eager"`` run eagerly after our passes (debugging, fast
 tests). When the example inputs live on an Ascend ``npu`` device the graph goes
-to torchair instead (``dspark_compile.ascend``; untested on hardware).
+to torchair instead (``dspark_compile.routes.torchair``; untested on hardware).
 """
 
 from __future__ import annotations
@@ -14,21 +15,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from dspark_compile.ascend import TORCHAIR_MODES, compile_with_torchair, on_npu
 from dspark_compile.config import DraftWindowConfig
-from dspark_compile.passes import DraftWindowPass, PassManager
-from dspark_compile.passes.base import DSparkPass
-from dspark_compile.passes.manager import GraphHook
+from dspark_compile.options import (  # noqa: F401  (BACKEND_OPTIONS, LOWERINGS: old path)
+    BACKEND_OPTIONS, LOWERINGS, parse_options, valid_options)
+from dspark_compile.passes.base import GraphPass
+from dspark_compile.passes.draft_window import DraftWindowPass
 from dspark_compile.passes.dspark_noncausal import DSparkNonCausalIndexPass
+from dspark_compile.passes.manager import GraphHook, PassManager
+from dspark_compile.routes.torchair import compile_with_torchair, on_npu
 
 logger = logging.getLogger(__name__)
-
-LOWERINGS = ("inductor", "aot_eager")
-BACKEND_OPTIONS = ("lowering", "mode", "inductor_config", "torchair_mode")
 
 _GRAPH_HOOK: contextvars.ContextVar[Optional[GraphHook]] = contextvars.ContextVar(
     "dspark_graph_hook", default=None)
@@ -45,52 +45,43 @@ def graph_hook(hook: GraphHook):
         _GRAPH_HOOK.reset(token)
 
 
-def valid_options() -> tuple[str, ...]:
-    """Every key ``options=`` accepts."""
-    return DraftWindowConfig.field_names() + BACKEND_OPTIONS
-
-
-def build_passes(config: DraftWindowConfig, decompositions: str) -> list[DSparkPass]:
-    """The dspark passes for ``config``, in the order they run."""
-    passes: list[DSparkPass] = [DraftWindowPass(config, decompositions=decompositions)]
+def build_passes(config: DraftWindowConfig, decompositions: str) -> list[GraphPass]:
+    """Our passes for ``config``, in the order they run."""
+    passes: list[GraphPass] = [DraftWindowPass(config, decompositions=decompositions)]
     if config.method == "dspark":
         passes.append(DSparkNonCausalIndexPass(config))
     return passes
 
 
-def parse_options(options: Optional[Mapping[str, Any]]) -> tuple[DraftWindowConfig, dict]:
-    """Split ``options`` into the window config and backend settings; validate both."""
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(valid_options()))
-    if unknown:
-        raise ValueError(f"unknown dspark option(s) {unknown}: valid options are "
-                         f"{', '.join(valid_options())}")
-    backend = {key: options.pop(key) for key in BACKEND_OPTIONS if key in options}
-    lowering = backend.setdefault("lowering", "inductor")
-    if lowering not in LOWERINGS:
-        raise ValueError(f"lowering={lowering!r} is invalid: expected one of {', '.join(LOWERINGS)}")
-    inductor_config = backend.setdefault("inductor_config", {})
-    if not isinstance(inductor_config, Mapping):
-        raise ValueError(f"inductor_config={inductor_config!r} is invalid: expected a dict of "
-                         "torch._inductor.config settings")
-    torchair_mode = backend.setdefault("torchair_mode", "max-autotune")
-    if torchair_mode not in TORCHAIR_MODES:
-        raise ValueError(f"torchair_mode={torchair_mode!r} is invalid: expected one of "
-                         f"{', '.join(TORCHAIR_MODES)}")
-    return DraftWindowConfig.from_mapping(options), backend
-
-
 def dspark_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                    options: Optional[Mapping[str, Any]] = None, mode: Optional[str] = None):
-    """torch.compile backend: our passes, then Inductor (or eager) lowering."""
-    config, backend = parse_options(options)
-    mode = backend.get("mode", mode)
-    if on_npu(example_inputs):
+    """torch.compile backend: our passes, then Inductor (or eager, or torchair) lowering."""
+    config, settings = parse_options(options, mode)
+    npu = on_npu(example_inputs)
+    settings.check_route(npu)
+    if npu:
         return compile_with_torchair(gm, example_inputs, PassManager(
-            build_passes(config, "none"), graph_hook=_GRAPH_HOOK.get()), backend["torchair_mode"])
-    if backend["lowering"] == "aot_eager":
+            build_passes(config, "none"), graph_hook=_GRAPH_HOOK.get()),
+            settings.resolved_torchair_mode)
+    if settings.lowering == "aot_eager":
         return _compile_aot_eager(gm, example_inputs, config)
-    return _compile_inductor(gm, example_inputs, config, mode, backend["inductor_config"])
+    return _compile_inductor(gm, example_inputs, config, settings.mode, settings.inductor_config)
+
+
+def configured_backend(options: Optional[Mapping[str, Any]] = None,
+                       mode: Optional[str] = None) -> Callable[..., Any]:
+    """``dspark_backend`` with ``options`` validated NOW (``torch.compile`` validates a
+    string backend's options only at the first call)::
+
+        torch.compile(draft, backend=configured_backend({"draft_window_size": 2048}))
+    """
+    parse_options(options, mode)
+    options = dict(options or {})
+
+    def dspark(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
+        return dspark_backend(gm, example_inputs, options=options, mode=mode)
+
+    return dspark
 
 
 def _compile_inductor(gm, example_inputs, config: DraftWindowConfig, mode: Optional[str],

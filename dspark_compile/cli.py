@@ -245,17 +245,14 @@ def run_inspect_command(args: argparse.Namespace) -> int:
 
 
 def run_check_ascend_command(args: argparse.Namespace) -> int:
-    from dspark_compile.ascend import check_ascend
+    from dspark_compile.tools.ascend_check import check_ascend
     from dspark_compile.inspection import reference_draft_example
 
     options = _window_options(args)
     progress = TextProgress(1, "check-ascend")
     progress.show(0, "tracing the reference draft with backend='dspark'")
     model, inputs = reference_draft_example()
-    if args.inserted_only:
-        result = _check_inserted(model, inputs, options)
-    else:
-        result = check_ascend(model, *inputs, options=options)
+    result = check_ascend(model, *inputs, options=options, inserted_only=args.inserted_only)
     progress.show(1, "done")
     progress.clear()
     print(result)
@@ -264,30 +261,6 @@ def run_check_ascend_command(args: argparse.Namespace) -> int:
               "kernels; on Ascend use torch_npu's attention ops (register them with "
               "register_attention_op)")
     return 0 if result.ok else 1
-
-
-def _check_inserted(model, inputs, options):
-    """GE convertibility of the nodes our passes insert (not of the whole graph)."""
-    import functools
-
-    import torch
-
-    from dspark_compile.ascend import AscendCheck, unconvertible_ops
-    from dspark_compile.backend import dspark_backend, graph_hook
-
-    inserted: list = []
-    before: dict = {}
-
-    def hook(stage, graph):
-        if stage.startswith("before_"):
-            before[id(graph)] = set(graph.nodes)
-        else:
-            inserted.extend(n for n in graph.nodes if n not in before[id(graph)])
-
-    backend = functools.partial(dspark_backend, options={**options, "lowering": "aot_eager"})
-    with graph_hook(hook), torch.no_grad():
-        torch.compile(model, backend=backend, dynamic=False)(*inputs)
-    return AscendCheck(unconvertible_ops(inserted), len(before), len(inserted))
 
 
 def run_bench_command(argv: Sequence[str]) -> int:

@@ -10,18 +10,11 @@ import dataclasses
 import logging
 from typing import Any, Mapping, Optional
 
+from dspark_compile.validation import check_choice, check_int, did_you_mean
+
 logger = logging.getLogger(__name__)
 
 METHODS = ("eagle3", "dflash", "dspark", "mtp")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_int(field: str, value: Any, minimum: int, allowed: str) -> None:
-    if not _is_int(value) or value < minimum:
-        raise ValueError(f"{field}={value!r} is invalid: expected {allowed}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,20 +43,17 @@ class DraftWindowConfig:
     deepseek_v4_target: bool = False
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(
-                f"method={self.method!r} is invalid: expected one of {', '.join(METHODS)}"
-            )
+        check_choice("method", self.method, METHODS)
         if self.draft_window_size is not None:
-            _check_int("draft_window_size", self.draft_window_size, 1,
+            check_int("draft_window_size", self.draft_window_size, 1,
                        "a positive int, or None to turn the window off")
-        _check_int("num_speculative_tokens", self.num_speculative_tokens, 1,
+        check_int("num_speculative_tokens", self.num_speculative_tokens, 1,
                    "a positive int")
         if self.future_offset is not None:
-            _check_int("future_offset", self.future_offset, 0,
+            check_int("future_offset", self.future_offset, 0,
                        "a non-negative int, or None to derive it from method")
         if self.block_size is not None:
-            _check_int("block_size", self.block_size, 1,
+            check_int("block_size", self.block_size, 1,
                        "a positive int, or None to read it from the KV cache")
         if not isinstance(self.deepseek_v4_target, bool):
             raise ValueError(
@@ -104,18 +94,20 @@ class DraftWindowConfig:
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
+        """The option names this config takes."""
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> "DraftWindowConfig":
         """Build from a dict; unknown keys raise ``ValueError`` listing the valid ones."""
-        unknown = sorted(set(options) - set(cls.field_names()))
+        unknown = sorted(set(options) - set(cls.field_names()), key=str)
         if unknown:
             raise ValueError(
                 f"unknown draft-window option(s) {unknown}: valid options are "
-                f"{', '.join(cls.field_names())}"
+                f"{', '.join(cls.field_names())}{did_you_mean(unknown[0], cls.field_names())}"
             )
         return cls(**dict(options))
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields as a dict (JSON-able; what a pass's ``uuid()`` hashes)."""
         return dataclasses.asdict(self)

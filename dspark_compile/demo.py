@@ -16,10 +16,9 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 
 from dspark_compile.config import DraftWindowConfig
-from dspark_compile.kernels.paged_attention import windowed_attention_ref
-from dspark_compile.models import (DFlashReferenceDraft, DraftModelConfig, make_paged_batch,
-                                   random_kv_cache)
+from dspark_compile.models import DFlashReferenceDraft, DraftModelConfig
 from dspark_compile.passes import clear_pass_records, pass_records
+from dspark_compile.testing import make_draft_case
 
 logger = logging.getLogger(__name__)
 
@@ -63,23 +62,12 @@ def run_demo(context_lens: Sequence[int] = (1024, 4096, 16384), window_size: int
     gen = torch.Generator().manual_seed(seed)
     for context_len in context_lens:
         seq_lens = [context_len + block_q_len - 37 * i for i in range(num_requests)]
-        batch = make_paged_batch(seq_lens, [block_q_len] * num_requests, block_size,
-                                 device=device, generator=gen)
-        caches = [random_kv_cache(batch.num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-                                  device=device, generator=gen) for _ in range(num_layers)]
-        hidden = torch.randn(batch.num_tokens, cfg.hidden_size, generator=gen).to(device)
-
-        def args():
-            return (hidden, batch.positions, [k.clone() for k, _ in caches],
-                    [v.clone() for _, v in caches], batch.block_table, batch.seq_lens,
-                    batch.query_start_loc, batch.slot_mapping)
+        case = make_draft_case(seq_lens, [block_q_len] * num_requests, block_size=block_size,
+                               device=device, model=model, generator=gen)
+        args = case.fresh_args
 
         def reference(window_size: Optional[int]) -> torch.Tensor:
-            model.attention_override = windowed_attention_ref(window_size)
-            try:
-                return model(*args())
-            finally:
-                model.attention_override = None
+            return case.run_reference(window_size)[0]
 
         with torch.no_grad():
             want_full, want_windowed = reference(None), reference(window_size)

@@ -24,10 +24,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.fx
 
-from dspark_compile.ascend import op_name, unconvertible_ops
+from dspark_compile.routes.ge_converters import op_name, unconvertible_ops
 from dspark_compile.config import DraftWindowConfig
 from dspark_compile.passes.attention_registry import attention_op_specs
 from dspark_compile.passes.manager import pass_records
+from dspark_compile.validation import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -81,29 +82,22 @@ def reference_draft_example(context_len: int = 256, num_requests: int = 2, block
                             num_layers: int = 2, block_size: int = 16, seed: int = 0,
                             device: str = "cpu") -> tuple[torch.nn.Module, tuple]:
     """The built-in DFlash reference draft and one draft step's inputs (random weights/KV)."""
-    from dspark_compile.models import (DFlashReferenceDraft, DraftModelConfig, make_paged_batch,
-                                       random_kv_cache)
+    from dspark_compile.models import DraftModelConfig
+    from dspark_compile.testing import make_draft_case
 
     for name, value in (("context_len", context_len), ("num_requests", num_requests),
                         ("block_q_len", block_q_len), ("num_layers", num_layers),
                         ("block_size", block_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
+        check_int(name, value)
     if block_q_len > context_len:
         raise ValueError(f"block_q_len={block_q_len} is invalid: expected <= context_len "
                          f"({context_len})")
     cfg = DraftModelConfig(hidden_size=128, num_layers=num_layers, num_heads=4, num_kv_heads=2,
                            head_dim=32, intermediate_size=256, causal=False)
-    model = DFlashReferenceDraft(cfg, seed=seed).eval().to(device)
-    gen = torch.Generator().manual_seed(seed)
     seq_lens = [max(context_len - 13 * i, block_q_len) for i in range(num_requests)]
-    batch = make_paged_batch(seq_lens, [block_q_len] * num_requests, block_size, device=device,
-                             generator=gen)
-    caches = [random_kv_cache(batch.num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-                              device=device, generator=gen) for _ in range(num_layers)]
-    hidden = torch.randn(batch.num_tokens, cfg.hidden_size, generator=gen).to(device)
-    return model, (hidden, batch.positions, [k for k, _ in caches], [v for _, v in caches],
-                   batch.block_table, batch.seq_lens, batch.query_start_loc, batch.slot_mapping)
+    case = make_draft_case(seq_lens, [block_q_len] * num_requests, config=cfg,
+                           block_size=block_size, seed=seed, device=device)
+    return case.model, case.args()
 
 
 def inspect(fn: Optional[Callable[..., Any]] = None, *example_inputs: Any,

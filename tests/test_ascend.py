@@ -176,7 +176,7 @@ def test_torchair_route_without_torchair_says_what_is_missing(monkeypatch):
 
 
 def test_backend_validates_torchair_mode():
-    assert parse_options({"torchair_mode": "npugraph_ex"})[1]["torchair_mode"] == "npugraph_ex"
+    assert parse_options({"torchair_mode": "npugraph_ex"})[1].torchair_mode == "npugraph_ex"
     with pytest.raises(ValueError, match="torchair_mode='ge' is invalid"):
         parse_options({"torchair_mode": "ge"})
 

@@ -2,6 +2,9 @@
 
 import pytest
 import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the [vllm] extra)")
+
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadata

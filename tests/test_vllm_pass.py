@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the [vllm] extra)")
+
 from vllm.compilation.passes.inductor_pass import CallableInductorPass, pass_context
 from vllm.config import CompilationConfig, SpeculativeConfig, set_current_vllm_config
 from vllm.config.utils import Range
@@ -19,7 +22,9 @@ from vllm.model_executor.layers.attention.attention import Attention
 from vllm.v1.attention.backends.flex_attention import FlexAttentionBackend
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 
+import dspark_compile.validation
 import dspark_compile_vllm
+from dspark_compile.passes import stats as keys
 from dspark_compile.integrations.vllm import DraftWindowInductorPass
 from tests.vllm_helpers import cpu_pass_manager, cpu_vllm_config
 
@@ -133,6 +138,10 @@ def test_draft_calls_rewritten_target_and_kv_update_untouched(compiled_graphs):
     }
     ops = [str(n.target) for n in graphs[0].nodes if n.op == "call_function"]
     assert ops.count("vllm.unified_kv_cache_update.default") == 3
+    # The vLLM pass records the same counters as our own window pass.
+    [record] = [r for r in dspark_compile.pass_records()
+                if r.pass_name == keys.VLLM_DRAFT_WINDOW_PASS][-1:]
+    assert record.stats[keys.ATTENTION_CALLS] == 3 and record.stats[keys.REWRITTEN] == 2
 
 
 def test_qualname_resolves_to_our_instance_through_compilation_config():
@@ -177,7 +186,7 @@ def _ngram(num_speculative_tokens=3):
 def test_missing_additional_config_is_a_noop_with_one_info_log(caplog, monkeypatch):
     import dspark_compile.integrations.vllm.inductor_pass as module
 
-    monkeypatch.setattr(module, "_logged_off", False)
+    monkeypatch.setattr(dspark_compile.validation, "_WARNED", set())  # not logged yet
     config = cpu_vllm_config({"splitting_ops": []})
     make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True)])
     graph, call = one_call_graph(DRAFT_TRITON)
@@ -186,7 +195,7 @@ def test_missing_additional_config_is_a_noop_with_one_info_log(caplog, monkeypat
         for _ in range(2):
             stats = dspark_compile_vllm.draft_window_pass.apply(graph, config)
     assert str(graph) == before and call.args[0] is ATTENTION_OP
-    assert stats["draft_rewritten"] == 0
+    assert stats[keys.REWRITTEN] == 0 and stats[keys.ATTENTION_CALLS] == 0
     infos = [r for r in caplog.records if "draft window off" in r.getMessage()]
     assert len(infos) == 1 and "additional_config" in infos[0].getMessage()
 
@@ -268,7 +277,7 @@ def test_unknown_layer_left_unwindowed_with_a_warning(caplog):
 def test_attention_split_out_warns_once_naming_the_fix(caplog, monkeypatch):
     import dspark_compile.integrations.vllm.inductor_pass as module
 
-    monkeypatch.setattr(module, "_warned_split_out", False)
+    monkeypatch.setattr(dspark_compile.validation, "_WARNED", set())  # not warned yet
     config = cpu_vllm_config(additional_config={"draft_window_size": 64})  # default: piecewise
     graph = torch.fx.Graph()
     graph.output(graph.placeholder("x"))  # a piecewise submodule: no attention inside

@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DRAFT = ("draft.layers.0.self_attn.attn", "draft.layers.1.self_attn.attn")
 TARGET = "model.layers.0.self_attn.attn"
 
 
 def test_windowed_metadata_gives_the_windowed_reference_attention():
+    pytest.importorskip("vllm", reason="vLLM is not installed (the [vllm] extra)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_triton_e2e.py")],

@@ -1,4 +1,4 @@
-"""Properties of the window arithmetic (DESIGN.md 1.1), checked with hypothesis."""
+"""Properties of the window arithmetic (docs/design.md, "Window arithmetic"), checked with hypothesis."""
 
 import math
 

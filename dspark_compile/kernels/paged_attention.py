@@ -135,19 +135,10 @@ def reshape_and_cache_ref(
     value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
 
 
-def windowed_attention_ref(window_size: Optional[int], future_offset: int = 0):
-    """``dspark.paged_attention``-compatible reference with the draft window
-    ``window_size`` (None: no window) applied by position on the FULL table.
+def __getattr__(name: str):
+    # Old import path of the test oracle, which moved to dspark_compile.testing.oracles.
+    if name == "windowed_attention_ref":
+        from dspark_compile.testing.oracles import windowed_attention_ref
 
-    Causal queries each see ``[lo(p), p]``; non-causal queries all see
-    ``[lo(seq_len - 1), seq_len)`` (``window_lower_bound``). This is what the
-    window pass achieves by rewriting metadata.
-    """
-
-    def attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-                  scale, causal):
-        return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                                   query_start_loc, scale, causal, window_size=window_size,
-                                   future_offset=future_offset if window_size else 0)
-
-    return attention
+        return windowed_attention_ref
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from dspark_compile.kernels.paged_attention import check_window_args
+from dspark_compile.validation import warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -341,12 +342,11 @@ def supports(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
             and query.stride(2) == 1 and key_cache.stride(3) == 1 and value_cache.stride(3) == 1)
 
 
-@functools.lru_cache(maxsize=None)
 def warn_fallback(description: str) -> None:
     """Log once per input kind that the host-syncing torch reference runs instead."""
-    logger.warning("dspark.paged_attention: no Triton kernel for %s; using the torch "
-                   "reference (reads lengths on the host: not CUDA-graph capturable)",
-                   description)
+    warn_once(logger, description,
+              "dspark.paged_attention: no Triton kernel for %s; using the torch "
+              "reference (reads lengths on the host: not CUDA-graph capturable)", description)
 
 
 def _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc):

@@ -1,6 +1,6 @@
 """Torch references for sparse-MLA index generation and sparse MLA attention.
 
-These functions are the definition of correct (DESIGN.md section 1.2); the
+These functions are the definition of correct (docs/design.md, "DSpark indices"); the
 Triton kernels in ``sparse_mla_triton`` are tested against them. They run on
 any device with no host synchronisation except the input checks, which read
 values only on CPU (on CUDA an overflowing row is caught by an asynchronous
@@ -22,33 +22,21 @@ all ``-1`` row. A range longer than ``width`` is an error, never truncated.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-INDEX_WIDTH_ALIGN = 128
-
-
-def noncausal_width(window_size: int, max_query_len: int) -> int:
-    """Index width of the non-causal form: ``ceil((W + max_q_len) / 128) * 128``."""
-    _check_int("window_size", window_size, 1)
-    _check_int("max_query_len", max_query_len, 0)
-    return max(1, math.ceil((window_size + max_query_len) / INDEX_WIDTH_ALIGN)) * INDEX_WIDTH_ALIGN
-
-
-def causal_width(window_size: int) -> int:
-    """Index width of the causal form: ``ceil(W / 128) * 128``."""
-    _check_int("window_size", window_size, 1)
-    return math.ceil(window_size / INDEX_WIDTH_ALIGN) * INDEX_WIDTH_ALIGN
+# The width rule lives in arithmetic/; re-exported here for the old import path.
+from dspark_compile.arithmetic.index_width import (  # noqa: F401
+    INDEX_WIDTH_ALIGN, causal_width, noncausal_width)
+from dspark_compile.validation import check_int
 
 
 def check_index_args(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                      block_table: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
                      window_size: int, width: int) -> None:
     """Shapes, dtypes and scalar ranges of the index ops; raises ``ValueError``."""
-    _check_int("block_size", block_size, 1)
-    _check_int("window_size", window_size, 1)
-    _check_int("width", width, 1)
+    check_int("block_size", block_size, 1, allow_symbolic=True)
+    check_int("window_size", window_size, 1, allow_symbolic=True)
+    check_int("width", width, 1, allow_symbolic=True)
     num_reqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     for name, tensor, dims, dtypes in (
             ("seq_lens", seq_lens, 1, (torch.int32,)),
@@ -161,7 +149,7 @@ def check_sparse_mla_args(query: torch.Tensor, kv_cache: torch.Tensor, indices: 
     if indices.dim() != 2 or indices.shape[0] != query.shape[0] or indices.dtype != torch.int32:
         raise ValueError(f"indices has shape {tuple(indices.shape)} and dtype {indices.dtype}: "
                          f"expected [{query.shape[0]}, width] int32")
-    _check_int("kv_lora_rank", kv_lora_rank, 1)
+    check_int("kv_lora_rank", kv_lora_rank, 1, allow_symbolic=True)
     if kv_lora_rank > query.shape[-1]:
         raise ValueError(f"kv_lora_rank={kv_lora_rank} is invalid: expected at most the head "
                          f"dim {query.shape[-1]}")
@@ -206,10 +194,3 @@ def mla_cache_write_ref(kv: torch.Tensor, kv_cache: torch.Tensor,
     keep = slots >= 0
     slots = slots[keep]
     kv_cache[slots // block_size, slots % block_size] = kv[keep].to(kv_cache.dtype)
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, torch.SymInt):        # symbolic while tracing: checked at run time
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name}={value!r} is invalid: expected an int >= {minimum}")

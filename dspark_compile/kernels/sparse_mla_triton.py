@@ -114,13 +114,17 @@ def noncausal_swa_indices_triton(seq_lens, query_start_loc, block_table, slot_ma
 
 @triton.jit
 def _sparse_mla_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride,
-                       out_ptr, out_stride_t, out_stride_h, num_heads, width, scale,
-                       LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
-                       BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                       out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_heads, width, scale,
+                       GROUP: tl.constexpr, ONLY_MIXED: tl.constexpr, LORA: tl.constexpr,
+                       ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_mask = heads < num_heads
+    if ONLY_MIXED:   # after the grouped kernel: only tokens of groups it marked mixed
+        active = tl.load(mixed_ptr + token // GROUP) != 0
+        head_mask = head_mask & active
+        width = tl.where(active, width, 0)
     lat = tl.arange(0, BLOCK_L)
     lat_mask = lat < LORA
     rope = tl.arange(0, BLOCK_P)
@@ -160,13 +164,36 @@ def _sparse_mla_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr
              mask=head_mask[:, None] & lat_mask[None, :])
 
 
+def launch_per_token(query: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                     out: torch.Tensor, scale: float, kv_lora_rank: int,
+                     mixed: torch.Tensor | None = None, group: int = 1) -> None:
+    """Per-token kernel into ``out [T, H, L]``; ``kv [slots, L+P]`` and ``indices`` with a
+    contiguous last dim. With ``mixed [cdiv(T, group)]`` only tokens whose group is
+    marked non-zero are computed (the rest of ``out`` is left as it is)."""
+    num_tokens, num_heads, head_dim = query.shape
+    rope_dim = head_dim - kv_lora_rank
+    block_h = max(16, min(64, triton.next_power_of_2(num_heads)))
+    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    _sparse_mla_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
+        query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
+        out, out.stride(0), out.stride(1), out if mixed is None else mixed, num_heads,
+        indices.shape[1], float(scale), GROUP=group, ONLY_MIXED=mixed is not None,
+        LORA=kv_lora_rank, ROPE=rope_dim, BLOCK_H=block_h,
+        BLOCK_L=max(16, triton.next_power_of_2(kv_lora_rank)),
+        BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=32,
+        PRECISION=precision)
+
+
 def sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Tensor,
                                 indices: torch.Tensor, scale: float,
                                 kv_lora_rank: int) -> torch.Tensor:
-    """Triton ``dspark.sparse_mla_attention``; see ``sparse_mla.sparse_mla_attention_ref``.
+    """Per-token sparse MLA attention; see ``sparse_mla.sparse_mla_attention_ref``.
 
-    One program per (token, block of heads); online softmax over blocks of
-    ``BLOCK_N`` indices, skipping blocks that are all ``-1``.
+    The registered CUDA kernel (``sparse_mla_grouped_triton``) uses it for groups of
+    tokens whose index rows differ; alone it is the baseline the benchmarks compare
+    with (it reloads a shared index row's KV once per query token). One program per
+    (token, block of heads); online softmax over blocks of ``BLOCK_N`` indices,
+    skipping blocks that are all ``-1``.
     """
     check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
     num_tokens, num_heads, head_dim = query.shape
@@ -178,14 +205,5 @@ def sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Tensor,
     kv = kv_cache.reshape(-1, head_dim)
     kv = kv if kv.stride(-1) == 1 else kv.contiguous()
     indices = indices if indices.stride(-1) == 1 else indices.contiguous()
-    rope_dim = head_dim - kv_lora_rank
-    block_h = max(16, min(64, triton.next_power_of_2(num_heads)))
-    precision = "ieee" if query.dtype == torch.float32 else "tf32"
-    _sparse_mla_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
-        query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
-        out, out.stride(0), out.stride(1), num_heads, indices.shape[1], float(scale),
-        LORA=kv_lora_rank, ROPE=rope_dim, BLOCK_H=block_h,
-        BLOCK_L=max(16, triton.next_power_of_2(kv_lora_rank)),
-        BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=32,
-        PRECISION=precision)
+    launch_per_token(query, kv, indices, out, scale, kv_lora_rank)
     return out

@@ -1,6 +1,6 @@
 """Fused window-metadata Triton kernel: one launch for a whole window.
 
-Computes, per request i (``dspark_compile.window`` is the reference)::
+Computes, per request i (``dspark_compile.arithmetic.window`` is the reference)::
 
     start        = floor(clamp(seq_lens + K - W, min=0) / b) * b
     windowed_len = seq_lens - start
@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark_compile.window import _check_positive, max_window_blocks
+from dspark_compile.arithmetic.window import max_window_blocks
+from dspark_compile.validation import check_int
 
 
 @triton.jit
@@ -63,10 +64,9 @@ def window_metadata_triton(
     ``windowed_len`` and ``start`` are new tensors of ``seq_lens``' dtype.
     Same values as ``compute_window`` + ``gather_window_block_table``.
     """
-    _check_positive("window_size", window_size)
-    _check_positive("block_size", block_size)
-    if future_offset < 0:
-        raise ValueError(f"future_offset={future_offset!r} is invalid: expected an int >= 0")
+    check_int("window_size", window_size)
+    check_int("block_size", block_size)
+    check_int("future_offset", future_offset, 0)
     if seq_lens.dim() != 1 or block_table.dim() != 2 or block_table.shape[0] != seq_lens.shape[0]:
         raise ValueError(f"seq_lens {tuple(seq_lens.shape)} and block_table "
                          f"{tuple(block_table.shape)} are invalid: expected [R] and [R, width]")

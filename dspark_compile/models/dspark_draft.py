@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dspark_compile.ops  # noqa: F401  (torch.ops.dspark.*)
-from dspark_compile.kernels.sparse_mla import causal_width
+from dspark_compile.arithmetic.index_width import causal_width
 from dspark_compile.models.dflash_draft import RMSNorm, apply_rope
 from dspark_compile.models.markov_sampling import (DSparkMarkovHead, block_sample_indices,
                                                    sample_sequential)

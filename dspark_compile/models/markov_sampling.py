@@ -1,4 +1,4 @@
-"""DSpark Markov head and sequential sampling (DESIGN.md section 1.2).
+"""DSpark Markov head and sequential sampling (docs/design.md, "DSpark indices").
 
 DSpark drafts a whole block in one non-causal forward, then injects the
 left-to-right dependency while sampling: for step i,
@@ -18,6 +18,9 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from dspark_compile.kernels.sampling_args import check_sampling_args
+from dspark_compile.validation import check_int
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -29,9 +32,8 @@ class DSparkMarkovHead(nn.Module):
 
     def __init__(self, vocab_size: int, rank: int) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("rank", rank)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
+        check_int("vocab_size", vocab_size)
+        check_int("rank", rank)
         self.embed = nn.Embedding(vocab_size, rank)
         self.bias = nn.Linear(rank, vocab_size, bias=False)
 
@@ -96,25 +98,11 @@ def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     Returns:
         ``[R, N]`` int64 tokens. No host synchronisation.
     """
-    if base_logits.dim() != 3:
-        raise ValueError(f"base_logits has shape {tuple(base_logits.shape)}: expected [R, N, V]")
+    temperature, positions, greedy_only = check_sampling_args(base_logits, anchor_tokens,
+                                                              temperature, seeds, positions)
     num_reqs, num_steps, vocab = base_logits.shape
-    for name, tensor in (("anchor_tokens", anchor_tokens), ("seeds", seeds),
-                         ("positions", positions)):
-        if tensor is not None and tuple(tensor.shape) != (num_reqs,):
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}: expected [{num_reqs}]")
     device = base_logits.device
-    if positions is None:
-        positions = torch.zeros(num_reqs, dtype=torch.int64, device=device)
-    greedy_only = isinstance(temperature, (int, float)) and temperature == 0
-    if isinstance(temperature, (int, float)):
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature!r} is invalid: expected >= 0")
-        temperature = torch.full((num_reqs,), float(temperature), device=device)
-    elif tuple(temperature.shape) != (num_reqs,):
-        raise ValueError(f"temperature has shape {tuple(temperature.shape)}: expected a float "
-                         f"or [{num_reqs}]")
-    temperature = temperature.to(device=device, dtype=torch.float32).unsqueeze(1)
+    temperature = temperature.unsqueeze(1)
     greedy_rows = temperature == 0
     safe_temperature = torch.where(greedy_rows, torch.ones_like(temperature), temperature)
     prev = anchor_tokens.to(torch.int64)

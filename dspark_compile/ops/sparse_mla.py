@@ -4,8 +4,10 @@
 Opaque ``torch.library.custom_op``s (the DSpark pass finds the index ops by
 name in the post-grad graph) with fake implementations. The default (CPU)
 implementation is the torch reference in ``dspark_compile.kernels.sparse_mla``;
-on CUDA the Triton kernels of ``sparse_mla_triton`` are registered when
-Triton imports.
+on CUDA Triton kernels are registered when Triton imports: the index kernels
+of ``sparse_mla_triton``, the grouped attention of ``sparse_mla_grouped_triton``
+(each KV row loaded once per group of tokens sharing it) and the cache write of
+``mla_cache_write_triton``.
 """
 
 from __future__ import annotations
@@ -85,12 +87,16 @@ def _mla_cache_write_fake(kv, kv_cache, slot_mapping):
 def _register_triton_kernels() -> None:
     try:
         from dspark_compile.kernels import sparse_mla_triton as tri
+        from dspark_compile.kernels.mla_cache_write_triton import mla_cache_write_triton
+        from dspark_compile.kernels.sparse_mla_grouped_triton import (
+            grouped_sparse_mla_attention_triton)
     except ImportError as error:  # CPU-only installs without Triton keep the references
         logger.info("Triton unavailable (%s): dspark sparse-MLA ops use torch references", error)
         return
     swa_indices.register_kernel("cuda")(tri.swa_indices_triton)
     noncausal_swa_indices.register_kernel("cuda")(tri.noncausal_swa_indices_triton)
-    sparse_mla_attention.register_kernel("cuda")(tri.sparse_mla_attention_triton)
+    sparse_mla_attention.register_kernel("cuda")(grouped_sparse_mla_attention_triton)
+    mla_cache_write.register_kernel("cuda")(mla_cache_write_triton)
 
 
 _register_triton_kernels()

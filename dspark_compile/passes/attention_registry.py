@@ -83,6 +83,7 @@ class AttentionOpSpec:
                     "lengths; register the op without one of them")
 
     def arg_index(self, name: str) -> int:
+        """Schema position of argument ``name`` of ``op``."""
         return [a.name for a in self.op._schema.arguments].index(name)
 
 

@@ -1,4 +1,4 @@
-"""Base class of dspark graph passes over Inductor's post-grad ATen graph."""
+"""Base class of our graph passes over Inductor's post-grad ATen graph."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 
-class DSparkPass(CustomGraphPass):
+class GraphPass(CustomGraphPass):
     """One graph rewrite with a config.
 
-    Subclasses set ``name``, implement ``apply(graph) -> stats`` (counters of
-    what they did) and ``config()`` (a JSON-able dict). ``uuid()`` hashes the
-    class source and the config, so Inductor's FX graph cache keys on both.
+    Subclasses set ``name`` (a constant of ``passes.stats``), implement
+    ``apply(graph) -> stats`` (counters keyed by ``passes.stats`` constants)
+    and ``config()`` (a JSON-able dict). ``uuid()`` hashes the class source and
+    the config, so Inductor's FX graph cache keys on both.
     """
 
-    name: str = "dspark_pass"
+    name: str = "graph_pass"
 
     def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
         raise NotImplementedError(f"{type(self).__name__} must implement apply()")
@@ -33,8 +34,12 @@ class DSparkPass(CustomGraphPass):
     def uuid(self) -> str:
         hasher = hashlib.sha256()
         for cls in type(self).__mro__:
-            if cls is DSparkPass:
+            if cls is GraphPass:
                 break
             hasher.update(inspect.getsource(cls).encode())
         hasher.update(json.dumps(self.config(), sort_keys=True, default=str).encode())
         return hasher.hexdigest()
+
+
+DSparkPass = GraphPass
+"""Deprecated alias of ``GraphPass`` (the old name; see CHANGELOG.md)."""

@@ -2,7 +2,7 @@
 
 Rewires every call of a registered attention op (``attention_registry``) to
 read windowed ``seq_lens`` and a gathered windowed block table. The window
-code (``dspark_compile.window``) is inserted as plain ATen ops once per
+code (``dspark_compile.arithmetic.window``) is inserted as plain ATen ops once per
 distinct ``(seq_lens, block_table, block_size)`` (and, for per-token calls,
 ``query_start_loc`` and token count), right before the first call that reads
 it; every later call reuses it. Host mirrors are windowed with the same
@@ -32,20 +32,21 @@ import torch
 import torch.fx
 from torch.torch_version import TorchVersion
 
-from dspark_compile import window
+from dspark_compile.arithmetic import window
 from dspark_compile.config import DraftWindowConfig
+from dspark_compile.passes import stats as keys
 from dspark_compile.passes.attention_registry import (
     AttentionOpSpec, PerTokenWindowArgs, attention_op_specs)
-from dspark_compile.passes.base import DSparkPass
+from dspark_compile.passes.base import GraphPass
 from dspark_compile.passes.graph_utils import (
-    Decompositions, get_arg, inductor_decompositions, insert_traced, set_arg)
+    Decompositions, find_calls, get_arg, inductor_decompositions, insert_traced, set_arg)
 
 logger = logging.getLogger(__name__)
 
 DECOMPOSITION_MODES = ("inductor", "none")
 
 
-class DraftWindowPass(DSparkPass):
+class DraftWindowPass(GraphPass):
     """Window every registered attention call of a draft graph.
 
     ``decompositions``: ``"inductor"`` traces the window code with Inductor's
@@ -53,7 +54,7 @@ class DraftWindowPass(DSparkPass):
     ATen ops (for the eager/aot lowering and torchair).
     """
 
-    name = "draft_window"
+    name = keys.DRAFT_WINDOW_PASS
 
     def __init__(self, config: DraftWindowConfig, decompositions: str = "inductor") -> None:
         if decompositions not in DECOMPOSITION_MODES:
@@ -71,11 +72,11 @@ class DraftWindowPass(DSparkPass):
         return inductor_decompositions() if self.decompositions == "inductor" else None
 
     def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
-        stats = {"attention_calls": 0, "rewritten": 0, "window_computations": 0,
-                 "host_mirrors_windowed": 0, "upper_bounds_windowed": 0}
+        stats = keys.new_stats(keys.ATTENTION_CALLS, keys.REWRITTEN, keys.WINDOW_COMPUTATIONS,
+                               keys.HOST_MIRRORS_WINDOWED, keys.UPPER_BOUNDS_WINDOWED)
         specs = attention_op_specs()
-        calls = [n for n in graph.nodes if n.op == "call_function" and n.target in specs]
-        stats["attention_calls"] = len(calls)
+        calls = find_calls(graph, specs)
+        stats[keys.ATTENTION_CALLS] = len(calls)
         if not self.window_config.enabled or not calls:
             return stats
         windows: dict[tuple, tuple[torch.fx.Node, ...]] = {}
@@ -107,7 +108,7 @@ class DraftWindowPass(DSparkPass):
             if key not in windows:
                 windows[key] = insert_traced(graph, call, fn, inputs,
                                              self._decomposition_table())
-                stats["window_computations"] += 1
+                stats[keys.WINDOW_COMPUTATIONS] += 1
             windowed_lens, windowed_table = windows[key][:2]
             set_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens, windowed_lens)
             set_arg(call, spec.arg_index(spec.block_table), spec.block_table, windowed_table)
@@ -125,15 +126,15 @@ class DraftWindowPass(DSparkPass):
                                            block_size=params[1], future_offset=params[2])
                     mirrors[(mirror, block_size)] = insert_traced(
                         graph, call, fn, [mirror], self._decomposition_table())
-                    stats["host_mirrors_windowed"] += 1
+                    stats[keys.HOST_MIRRORS_WINDOWED] += 1
                 set_arg(call, spec.arg_index(name), name, mirrors[(mirror, block_size)])
             for name in spec.upper_bounds:
                 bound = get_arg(call, spec.arg_index(name), name)
                 new_bound = _window_bound(graph, call, bound, *params, max_query_len)
                 if new_bound is not None:
                     set_arg(call, spec.arg_index(name), name, new_bound)
-                    stats["upper_bounds_windowed"] += 1
-            stats["rewritten"] += 1
+                    stats[keys.UPPER_BOUNDS_WINDOWED] += 1
+            stats[keys.REWRITTEN] += 1
         graph.lint()
         return stats
 

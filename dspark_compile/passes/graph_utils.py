@@ -1,11 +1,12 @@
-"""Helpers to insert traced torch code into an FX graph and to read op arguments."""
+"""Graph helpers of our passes: find calls, read and replace op arguments, insert traced code."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 import torch.fx
+from torch._inductor.pattern_matcher import get_arg_value
 from torch.fx.experimental.proxy_tensor import make_fx
 
 Decompositions = Optional[dict]
@@ -60,33 +61,59 @@ def _trace(fn: Callable[..., Any], fake_args: Sequence[Any],
         return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
 
 
+def find_calls(graph: torch.fx.Graph, targets: Iterable[Any]) -> list[torch.fx.Node]:
+    """``call_function`` nodes of any of ``targets``, in graph order (``graph.find_nodes``)."""
+    found: list[torch.fx.Node] = []
+    for target in targets:
+        found.extend(graph.find_nodes(op="call_function", target=target, sort=False))
+    return sorted(found)
+
+
+def schema_index(op: torch._ops.OpOverload, name: str) -> int:
+    """Position of argument ``name`` in ``op``'s schema."""
+    return [a.name for a in op._schema.arguments].index(name)
+
+
 def get_arg(node: torch.fx.Node, index: int, name: str) -> Any:
     """Argument ``name`` (schema position ``index``) of a call node."""
-    if index < len(node.args):
-        return node.args[index]
-    return node.kwargs.get(name)
+    return get_arg_value(node, index, name)
 
 
 def set_arg(node: torch.fx.Node, index: int, name: str, value: Any) -> None:
     """Replace argument ``name`` (schema position ``index``) of a call node.
 
-    Also updates ``meta["eager_input_vals"]``: Inductor lays custom-op inputs
-    out with the strides recorded there, so a stale entry (the old input's
-    shape) would make it copy the new input once per call.
+    Also updates ``meta["eager_input_vals"]`` (see ``sync_eager_input_vals``).
     """
     if index < len(node.args):
-        args = list(node.args)
-        args[index] = value
-        node.args = tuple(args)
+        node.args = node.args[:index] + (value,) + node.args[index + 1:]
+        sync_eager_input_vals(node, positions=(index,))
     else:
-        kwargs = dict(node.kwargs)
-        kwargs[name] = value
-        node.kwargs = kwargs
-    if "eager_input_vals" in node.meta:
-        fake_args, fake_kwargs = node.meta["eager_input_vals"]
-        fake = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
-        if index < len(fake_args):
-            fake_args = tuple(fake if i == index else a for i, a in enumerate(fake_args))
-        else:
-            fake_kwargs = {**fake_kwargs, name: fake}
-        node.meta["eager_input_vals"] = (fake_args, fake_kwargs)
+        node.kwargs = {**node.kwargs, name: value}
+        sync_eager_input_vals(node, names=(name,))
+
+
+def sync_eager_input_vals(node: torch.fx.Node, positions: Iterable[int] = (),
+                          names: Iterable[str] = ()) -> None:
+    """Refresh ``node.meta["eager_input_vals"]`` for the changed arguments.
+
+    Inductor lays custom-op inputs out with the strides recorded there at trace
+    time, and re-traces ``auto_functionalized`` nodes from it; a stale entry
+    (an old input's shape) would make it copy the new input once per call.
+    ``positions``: changed ``node.args`` indices; ``names``: changed
+    ``node.kwargs`` keys (added when absent). A node argument is recorded as
+    its ``meta["val"]``, any other value as is. No-op without the entry.
+    """
+    if "eager_input_vals" not in node.meta:
+        return
+    args, kwargs = node.meta["eager_input_vals"]
+    args, kwargs = list(args), dict(kwargs)
+
+    def fake(value: Any) -> Any:
+        return torch.fx.map_arg(value, lambda n: n.meta.get("val"))
+
+    for index in positions:
+        if index < len(args):
+            args[index] = fake(node.args[index])
+    for name in names:
+        kwargs[name] = fake(node.kwargs.get(name))
+    node.meta["eager_input_vals"] = (tuple(args), kwargs)

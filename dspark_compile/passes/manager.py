@@ -1,4 +1,4 @@
-"""Runs dspark passes in order, logs and records what each did.
+"""Runs our passes in order and records what each did (``pass_records()``).
 
 A ``PassManager`` is itself a ``CustomGraphPass`` (installable as Inductor's
 ``post_grad_custom_post_pass``); its ``uuid()`` covers every pass's uuid and
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from dspark_compile.passes.base import DSparkPass
+from dspark_compile.passes.base import GraphPass
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,18 @@ def clear_pass_records() -> None:
     _RECORDS.clear()
 
 
+def new_graph_id() -> int:
+    """A fresh id for one graph's records."""
+    return next(_graph_ids)
+
+
+def record_pass(graph_id: int, pass_name: str, stats: dict[str, int]) -> None:
+    """Record what ``pass_name`` did to graph ``graph_id`` and log it at DEBUG."""
+    _RECORDS.append(PassRecord(graph_id, pass_name, dict(stats)))
+    logger.debug("graph %d: %s: %s", graph_id, pass_name,
+                 ", ".join(f"{k}={v}" for k, v in stats.items()))
+
+
 GraphHook = Callable[[str, torch.fx.Graph], None]
 
 
@@ -53,7 +65,7 @@ class PassManager(CustomGraphPass):
     ``"before_<pass>"`` / ``"after_<pass>"`` around each pass (inspection).
     """
 
-    def __init__(self, passes: Sequence[DSparkPass],
+    def __init__(self, passes: Sequence[GraphPass],
                  chained: Optional[Callable[[torch.fx.Graph], None]] = None,
                  graph_hook: Optional[GraphHook] = None) -> None:
         self.passes = list(passes)
@@ -61,14 +73,12 @@ class PassManager(CustomGraphPass):
         self.graph_hook = graph_hook
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        graph_id = next(_graph_ids)
+        graph_id = new_graph_id()
         for graph_pass in self.passes:
             if self.graph_hook is not None:
                 self.graph_hook(f"before_{graph_pass.name}", graph)
             stats = graph_pass.apply(graph)
-            _RECORDS.append(PassRecord(graph_id, graph_pass.name, dict(stats)))
-            logger.info("graph %d: %s: %s", graph_id, graph_pass.name,
-                        ", ".join(f"{k}={v}" for k, v in stats.items()))
+            record_pass(graph_id, graph_pass.name, stats)
             if self.graph_hook is not None:
                 self.graph_hook(f"after_{graph_pass.name}", graph)
         if self.chained is not None:

@@ -26,12 +26,12 @@ from vllm.model_executor.layers.attention.kv_transfer_utils import maybe_transfe
 from vllm.utils.torch_utils import LayerNameType, _resolve_layer_name, direct_register_custom_op
 
 from dspark_compile.integrations.vllm.metadata import StepWindows
+from dspark_compile.validation import warn_once
 
 logger = logging.getLogger(__name__)
 
 OP_NAME = "unified_attention_with_output_windowed"
 STEP_WINDOWS = StepWindows()
-_warned_not_draft: set[str] = set()
 
 
 @eager_break_during_capture
@@ -55,10 +55,10 @@ def unified_attention_with_output_windowed(
         if getattr(layer, "is_draft_layer", False):
             attn_metadata = STEP_WINDOWS.windowed(get_forward_context(), name, attn_metadata,
                                                   kv_cache, window_size, future_offset)
-        elif name not in _warned_not_draft:
-            _warned_not_draft.add(name)
-            logger.warning("layer %s is not a draft layer (is_draft_layer is False): "
-                           "its attention runs unwindowed", name)
+        else:
+            warn_once(logger, f"not_draft:{name}",
+                      "layer %s is not a draft layer (is_draft_layer is False): "
+                      "its attention runs unwindowed", name)
     layer.impl.forward(layer, query, key, value, kv_cache, attn_metadata, output=output,
                        output_scale=output_scale, output_block_scale=output_block_scale)
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from dspark_compile.config import DraftWindowConfig
+from dspark_compile.config import METHODS, DraftWindowConfig
 
 ADDITIONAL_CONFIG_KEY = "draft_window_size"
-# vLLM speculative methods the window knows the future offset of (DESIGN.md 1.1).
-SUPPORTED_METHODS = ("eagle3", "dflash", "dspark", "mtp")
+# vLLM speculative methods the window knows the future offset of: the config's
+# METHODS (docs/design.md, "Window arithmetic"). The old name, kept.
+SUPPORTED_METHODS = METHODS
 ATTENTION_OP = "vllm::unified_attention_with_output"
 
 

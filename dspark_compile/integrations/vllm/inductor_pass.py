@@ -33,12 +33,14 @@ from dspark_compile.integrations.vllm import attention_op
 from dspark_compile.integrations.vllm.config import (
     ADDITIONAL_CONFIG_KEY, WindowOverrides, attention_is_split_out, resolve_window_config)
 from dspark_compile.integrations.vllm.metadata import SUPPORTED_BACKENDS
+from dspark_compile.passes import stats as keys
+from dspark_compile.passes.graph_utils import get_arg, sync_eager_input_vals
+from dspark_compile.passes.manager import new_graph_id, record_pass
+from dspark_compile.validation import log_once, warn_once
 
 logger = logging.getLogger(__name__)
 
 _FUNCTIONALIZED = (auto_functionalized, auto_functionalized_v2)
-_warned_split_out = False
-_logged_off = False
 
 
 class DraftWindowInductorPass(InductorPass):
@@ -70,18 +72,18 @@ class DraftWindowInductorPass(InductorPass):
             "window": self.window_config().as_dict(),
         })
 
+    name = keys.VLLM_DRAFT_WINDOW_PASS
+
     def __call__(self, graph: torch.fx.Graph) -> None:
-        stats = self.apply(graph)
-        logger.info("dspark draft window pass: %s",
-                    ", ".join(f"{k}={v}" for k, v in stats.items()))
+        record_pass(new_graph_id(), self.name, self.apply(graph))
 
     def apply(self, graph: torch.fx.Graph, vllm_config: Any = None) -> dict[str, int]:
         """Rewrite ``graph`` in place; returns counters of what was found and done."""
         if vllm_config is None:
             vllm_config = get_current_vllm_config_or_none()
         config = self.window_config(vllm_config)
-        stats = {"attention_calls": 0, "draft_rewritten": 0, "target_untouched": 0,
-                 "unknown_untouched": 0, "draft_mla_unwindowed": 0}
+        stats = keys.new_stats(keys.ATTENTION_CALLS, keys.REWRITTEN, keys.TARGET_UNTOUCHED,
+                               keys.UNKNOWN_UNTOUCHED, keys.DRAFT_MLA_UNWINDOWED)
         if not config.enabled:
             _log_window_off_once(config)
             return stats
@@ -96,23 +98,23 @@ class DraftWindowInductorPass(InductorPass):
                 _warn_if_draft_mla(node, functionalized, layers, stats)
             if target is not op:
                 continue
-            stats["attention_calls"] += 1
+            stats[keys.ATTENTION_CALLS] += 1
             name = _layer_name(node, functionalized)
             layer = layers.get(name) if name is not None else None
             if layer is None:
-                stats["unknown_untouched"] += 1
+                stats[keys.UNKNOWN_UNTOUCHED] += 1
                 logger.warning("dspark draft window: cannot tell whether attention call %s "
                                "(layer %r) belongs to the draft: no such layer in "
                                "static_forward_context; left unwindowed", node.name, name)
                 continue
             if not getattr(layer, "is_draft_layer", False):
-                stats["target_untouched"] += 1
+                stats[keys.TARGET_UNTOUCHED] += 1
                 continue
             _check_backend(name, layer)
             extra = {"window_size": config.draft_window_size,
                      "future_offset": config.resolved_future_offset}
             _retarget(node, functionalized, new_op, extra)
-            stats["draft_rewritten"] += 1
+            stats[keys.REWRITTEN] += 1
         graph.lint()
         return stats
 
@@ -130,12 +132,7 @@ def _retarget(node: torch.fx.Node, functionalized: bool, new_op: Any,
     else:
         node.target = new_op
     node.kwargs = {**node.kwargs, **extra}
-    eager = node.meta.get("eager_input_vals")
-    if eager is not None:
-        args, kwargs = eager
-        if functionalized:
-            args = (new_op,) + tuple(args[1:])
-        node.meta["eager_input_vals"] = (args, {**kwargs, **extra})
+    sync_eager_input_vals(node, positions=(0,) if functionalized else (), names=tuple(extra))
 
 
 def _mla_op() -> Any:
@@ -148,7 +145,7 @@ def _warn_if_draft_mla(node: torch.fx.Node, functionalized: bool, layers: dict[s
     name = _layer_name(node, functionalized)
     if not getattr(layers.get(name), "is_draft_layer", False):
         return
-    stats["draft_mla_unwindowed"] += 1
+    stats[keys.DRAFT_MLA_UNWINDOWED] += 1
     logger.warning("dspark draft window: draft layer %s uses MLA attention "
                    "(vllm::unified_mla_attention_with_output), which the window does not "
                    "support yet; its attention is left unwindowed", name)
@@ -159,7 +156,7 @@ def _layer_name(node: torch.fx.Node, functionalized: bool) -> Optional[str]:
     if functionalized:
         value = node.kwargs.get("layer_name")
     else:
-        value = node.args[4] if len(node.args) > 4 else node.kwargs.get("layer_name")
+        value = get_arg(node, 4, "layer_name")
     if isinstance(value, torch.fx.Node):
         value = value.meta.get("val")
         value = getattr(value, "real_obj", value)  # FakeScriptObject of a hoisted input
@@ -184,11 +181,10 @@ def _check_backend(name: str, layer: Any) -> None:
 
 
 def _warn_if_attention_split_out(vllm_config: Any) -> None:
-    global _warned_split_out
-    if _warned_split_out or not attention_is_split_out(vllm_config):
+    if not attention_is_split_out(vllm_config):
         return
-    _warned_split_out = True
-    logger.warning(
+    warn_once(
+        logger, "attention_split_out",
         "dspark draft window is ON but does nothing: vLLM splits the graph at attention "
         "(compilation_config.splitting_ops contains vllm::unified_attention_with_output), "
         "so post-grad passes never see attention calls. Set compilation_config "
@@ -196,12 +192,9 @@ def _warn_if_attention_split_out(vllm_config: Any) -> None:
 
 
 def _log_window_off_once(config: DraftWindowConfig) -> None:
-    global _logged_off
-    if _logged_off:
-        return
-    _logged_off = True
     reason = ("method='mtp' (the window would window the target's own layers)"
               if config.method == "mtp" else
               f"no {ADDITIONAL_CONFIG_KEY!r} in vllm_config.additional_config and none "
               "passed to the pass")
-    logger.info("dspark draft window off: %s; graphs left unchanged", reason)
+    log_once(logger, logging.INFO, "window_off",
+             "dspark draft window off: %s; graphs left unchanged", reason)

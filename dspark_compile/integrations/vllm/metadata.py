@@ -2,7 +2,7 @@
 
 ``window_attention_metadata`` returns a shallow copy of the metadata in which
 everything attention reads as a KV length is windowed with
-``dspark_compile.window`` (DESIGN.md 1.1):
+``dspark_compile.arithmetic.window`` (docs/design.md, "Two window mechanisms"):
 
 - ``seq_lens`` -> ``windowed_len`` (device, no host sync),
 - ``block_table`` -> columns ``start_block + [0, ceil(W/b) + 1)``, zero padded,
@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from dspark_compile.window import SlidingWindowAdapter, window_upper_bound
+from dspark_compile.arithmetic.window import window_upper_bound
+from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
 
 logger = logging.getLogger(__name__)
 

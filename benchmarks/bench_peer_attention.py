@@ -1,0 +1,203 @@
+"""Paged draft attention against what a user would pick instead, on one GPU, same run.
+
+    python benchmarks/bench_peer_attention.py [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
+        [--window 2048] [--out DIR]
+
+Per case (batch x context x query tokens; Hq 32 / Hkv 8, D 128, bf16, b=16,
+all requests at the same length; decode is q_len 1, a 16-token block is a
+non-causal DFlash/DSpark block):
+
+- ours, full: ``dspark.paged_attention`` over the whole paged cache;
+- SDPA dense, full: ``F.scaled_dot_product_attention`` on a dense contiguous
+  ``[B, Hkv, S, D]`` copy of the same KV, GQA packed as ``[B, Hkv, G*q_len, D]``
+  queries (the read-bandwidth ceiling for this data);
+- ours, windowed: fused window metadata + ``dspark.paged_attention`` on the
+  windowed table (the draft KV window, W tokens + block alignment);
+- FlexAttention, windowed: ``flex_attention`` (compiled) on the dense copy with
+  a block mask that keeps the same ``[start, S)`` range.
+
+Each is checked against its partner (ours full vs SDPA, ours windowed vs Flex)
+before timing. Times: CUDA-graph replays, median of ``triton.testing.do_bench``
+(L2 flushed before every repetition). GB/s count each distinct KV byte once
+(K and V of the tokens read); the windowed bound is those bytes at the SDPA-dense
+rate of the largest case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+HQ, HKV, D, BLOCK = 32, 8, 128, 16
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def graph_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return float(do_bench(graph.replay, warmup=10, rep=60, return_mode="median"))
+
+
+def rel_err(got, want) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm())
+
+
+def run_case(batch: int, context: int, q_len: int, window: int) -> dict:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from dspark_compile.kernels.window_metadata import window_metadata_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(context + batch + q_len)
+    blocks = context // BLOCK
+    num_blocks = batch * blocks + 8
+    key_cache = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16,
+                            generator=gen)
+    value_cache = torch.randn_like(key_cache)
+    perm = torch.randperm(num_blocks, device="cuda", generator=gen)[:batch * blocks]
+    table = perm.view(batch, blocks).to(torch.int32)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
+    query = torch.randn(batch * q_len, HQ, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = D ** -0.5
+    causal = q_len == 1                                        # blocks are non-causal
+
+    def dense(cache):                                          # [B, Hkv, S, D], contiguous
+        return cache[table.long()].view(batch, context, HKV, D).permute(0, 2, 1, 3).contiguous()
+
+    k_dense, v_dense = dense(key_cache), dense(value_cache)
+    group = HQ // HKV
+    q_packed = (query.view(batch, q_len, HKV, group, D).permute(0, 2, 1, 3, 4)
+                .reshape(batch, HKV, q_len * group, D))
+    q_flex = query.view(batch, q_len, HQ, D).transpose(1, 2)   # [B, Hq, q_len, D]
+    start = max(context - window, 0) // BLOCK * BLOCK          # the window pass's start (K=0)
+
+    def ours_full():
+        return torch.ops.dspark.paged_attention(query, key_cache, value_cache, table, seq_lens,
+                                                qsl, scale, causal)
+
+    def ours_windowed():
+        lens, _, win_table = window_metadata_triton(seq_lens, table, window, BLOCK)
+        return torch.ops.dspark.paged_attention(query, key_cache, value_cache, win_table, lens,
+                                                qsl, scale, causal)
+
+    def sdpa_full():
+        return torch.nn.functional.scaled_dot_product_attention(q_packed, k_dense, v_dense,
+                                                                scale=scale)
+
+    def unpack(out):                                           # SDPA layout -> [T, Hq, D]
+        return (out.view(batch, HKV, q_len, group, D).permute(0, 2, 1, 3, 4)
+                .reshape(batch * q_len, HQ, D))
+
+    full_bytes = 2 * batch * context * HKV * D * 2
+    win_bytes = 2 * batch * (context - start) * HKV * D * 2
+    res = {"batch": batch, "context": context, "q_len": q_len, "window": window,
+           "window_start": start, "full_MB": full_bytes / 1e6, "windowed_MB": win_bytes / 1e6}
+    res["err_full_vs_sdpa"] = rel_err(ours_full(), unpack(sdpa_full()))
+    res["ours_full_us"] = graph_ms(ours_full) * 1e3
+    res["sdpa_full_us"] = graph_ms(sdpa_full) * 1e3
+    res["ours_windowed_us"] = graph_ms(ours_windowed) * 1e3
+    log(f"case {batch}x{context}x{q_len}: ours full {res['ours_full_us']:.1f} us, SDPA dense "
+        f"{res['sdpa_full_us']:.1f} us (err {res['err_full_vs_sdpa']:.1e}), ours windowed "
+        f"{res['ours_windowed_us']:.1f} us")
+    try:
+        mask = create_block_mask(lambda b, h, q, kv: kv >= start, None, None, q_len, context,
+                                 device="cuda")
+        flex = torch.compile(flex_attention, dynamic=False)
+
+        def flex_windowed():
+            return flex(q_flex, k_dense, v_dense, block_mask=mask, scale=scale, enable_gqa=True)
+
+        got = flex_windowed().transpose(1, 2).reshape(batch * q_len, HQ, D)
+        res["err_windowed_vs_flex"] = rel_err(ours_windowed(), got)
+        res["flex_windowed_us"] = graph_ms(flex_windowed) * 1e3
+        log(f"  flex windowed {res['flex_windowed_us']:.1f} us "
+            f"(err {res['err_windowed_vs_flex']:.1e})")
+    except Exception as exc:  # report, as the reference run did on torch 2.11 at 128k
+        res["flex_windowed_us"] = None
+        res["flex_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        log(f"  flex failed: {res['flex_error']}")
+    del key_cache, value_cache, k_dense, v_dense
+    torch.cuda.empty_cache()
+    return res
+
+
+def table(results: list[dict]) -> str:
+    ceiling = max(r["full_MB"] / r["sdpa_full_us"] for r in results) * 1e3     # GB/s
+    headers = ["case", "ours full us (GB/s)", "SDPA dense full us (GB/s)", "ours / SDPA BW",
+               "ours windowed us", "windowed bound us", "windowed / bound",
+               "FlexAttention windowed us", "ours vs Flex"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in results:
+        ours_bw = r["full_MB"] / r["ours_full_us"] * 1e3
+        sdpa_bw = r["full_MB"] / r["sdpa_full_us"] * 1e3
+        bound = r["windowed_MB"] / ceiling * 1e3
+        flex = r.get("flex_windowed_us")
+        lines.append("| " + " | ".join([
+            f"{r['batch']} x {r['context']}, q_len {r['q_len']}",
+            f"{r['ours_full_us']:.1f} ({ours_bw:.0f})", f"{r['sdpa_full_us']:.1f} ({sdpa_bw:.0f})",
+            f"{ours_bw / sdpa_bw:.0%}", f"{r['ours_windowed_us']:.1f}", f"{bound:.1f}",
+            f"{r['ours_windowed_us'] / bound:.2f}x",
+            f"{flex:.1f}" if flex else r.get("flex_error", "n/a"),
+            f"{flex / r['ours_windowed_us']:.2f}x faster" if flex else "n/a"]) + " |")
+    return (f"Read ceiling (SDPA dense, best case): {ceiling:.0f} GB/s.\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="32x32768x1,1x32768x1,32x131072x16,32x131072x1")
+    parser.add_argument("--window", type=int, default=2048)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    import dspark_compile  # noqa: F401
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__, "python": platform.python_version()}
+    results = []
+    for case in args.cases.split(","):
+        batch, context, q_len = (int(v) for v in case.split("x"))
+        try:
+            results.append(run_case(batch, context, q_len, args.window))
+        except Exception as exc:
+            log(f"case {case} failed: {exc!r}")
+        text = (f"# Peer attention, {env['date']}, {env['device']}, torch {env['torch']}, "
+                f"triton {env['triton']}\n\nHq {HQ} / Hkv {HKV}, D {D}, bf16, b={BLOCK}, "
+                f"W={args.window}; CUDA-graph replay, L2 flushed, KV bytes counted once.\n\n"
+                + (table(results) if results else "no case ran\n"))
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "peer_attention.md"), "w") as handle:
+            handle.write(text)
+        with open(os.path.join(args.out, "peer_attention.json"), "w") as handle:
+            json.dump({"environment": env, "results": results}, handle, indent=2)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Argument checks of DSpark sequential Markov sampling, shared by the torch reference
+(``models.markov_sampling.sample_sequential``) and the fused Triton kernel."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+
+def check_sampling_args(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                        temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
+                        positions: Optional[torch.Tensor]):
+    """Validate ``sample_sequential``'s arguments (``ValueError``) and normalise them.
+
+    Returns ``(temperature [R] float32, positions [R], greedy_only)``;
+    ``greedy_only`` is True when ``temperature`` is the number 0.
+    """
+    if base_logits.dim() != 3:
+        raise ValueError(f"base_logits has shape {tuple(base_logits.shape)}: expected [R, N, V]")
+    num_reqs = base_logits.shape[0]
+    for name, tensor in (("anchor_tokens", anchor_tokens), ("seeds", seeds),
+                         ("positions", positions)):
+        if tensor is not None and tuple(tensor.shape) != (num_reqs,):
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}: expected [{num_reqs}]")
+    device = base_logits.device
+    if positions is None:
+        positions = torch.zeros(num_reqs, dtype=torch.int64, device=device)
+    greedy_only = isinstance(temperature, (int, float)) and temperature == 0
+    if isinstance(temperature, (int, float)):
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature!r} is invalid: expected >= 0")
+        temperature = torch.full((num_reqs,), float(temperature), device=device)
+    elif tuple(temperature.shape) != (num_reqs,):
+        raise ValueError(f"temperature has shape {tuple(temperature.shape)}: expected a float "
+                         f"or [{num_reqs}]")
+    return temperature.to(device=device, dtype=torch.float32), positions, greedy_only

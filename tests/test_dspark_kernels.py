@@ -1,0 +1,192 @@
+"""DSpark CUDA kernels against their torch references: grouped sparse MLA attention,
+the Triton latent-cache write and the fused Markov sampler (Triton interpreter on CPU,
+compiled on CUDA), and CUDA-graph capture of the compiled DSpark draft step (GPU only)."""
+
+import pytest
+import torch
+
+import dspark_compile  # noqa: F401  (registers torch.ops.dspark.*)
+from dspark_compile.kernels import sparse_mla as ref
+from dspark_compile.kernels.markov_sampling_triton import sample_sequential_triton
+from dspark_compile.kernels.mla_cache_write_triton import mla_cache_write_triton
+from dspark_compile.kernels.sparse_mla_grouped_triton import (
+    GroupedMLAConfig, grouped_sparse_mla_attention_triton)
+from dspark_compile.models import DSparkMarkovHead, make_paged_batch, sample_sequential
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _index_args(batch):
+    return batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping
+
+
+def _mla_case(seq_lens, q_lens, block_size, window, heads, lora, rope, noncausal, seed,
+              dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    batch = make_paged_batch(seq_lens, q_lens, block_size, generator=gen)
+    width = (ref.noncausal_width(window, max(q_lens)) if noncausal
+             else ref.causal_width(window))
+    fn = ref.noncausal_swa_indices_ref if noncausal else ref.swa_indices_ref
+    indices = fn(*_index_args(batch), block_size, window, width)
+    query = torch.randn(batch.num_tokens, heads, lora + rope, generator=gen).to(dtype)
+    kv_cache = torch.randn(batch.num_blocks, block_size, lora + rope, generator=gen).to(dtype)
+    return query, kv_cache, indices
+
+
+# (seq_lens, q_lens, b, W, heads, lora, rope, config): an empty request, seq_len < b,
+# W larger than the sequence, W not a multiple of b, q_len not a multiple of the group
+# (groups straddle two requests), heads not a power of two, splits that leave a
+# split partly or wholly past the live columns.
+GROUPED_CASES = [
+    ([21, 9, 0, 3, 40], [4, 4, 0, 3, 5], 4, 8, 3, 32, 16, GroupedMLAConfig(block_n=16)),
+    ([21, 9, 0, 3, 40], [4, 4, 0, 3, 5], 4, 8, 3, 32, 16,
+     GroupedMLAConfig(block_n=16, num_splits=3)),
+    ([150, 40], [8, 8], 5, 128, 4, 16, 8, GroupedMLAConfig(group=4, block_n=32, num_splits=4)),
+    ([12, 20], [4, 4], 4, 100, 2, 16, 16, GroupedMLAConfig(group=8, block_n=16, num_splits=2)),
+]
+
+
+@pytest.mark.parametrize("noncausal", [True, False])
+@pytest.mark.parametrize("seq_lens,q_lens,b,window,heads,lora,rope,config", GROUPED_CASES)
+def test_grouped_sparse_mla_matches_reference(noncausal, seq_lens, q_lens, b, window, heads,
+                                             lora, rope, config):
+    query, kv_cache, indices = _mla_case(seq_lens, q_lens, b, window, heads, lora, rope,
+                                         noncausal, seed=sum(seq_lens) + window)
+    scale = (lora + rope) ** -0.5
+    want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, scale, lora)
+    got = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
+                                              indices.to(DEVICE), scale, lora, config).cpu()
+    assert got.shape == want.shape and got.dtype == query.dtype
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_sparse_mla_mixed_rows_holes_and_empty_tokens():
+    """Within one group: two tokens share a row, one has its own scattered row with
+    holes, one has no valid index (zeros), and the last group is partial."""
+    gen = torch.Generator().manual_seed(11)
+    query = torch.randn(6, 4, 24, generator=gen)
+    kv_cache = torch.randn(5, 4, 24, generator=gen)
+    indices = torch.full((6, 32), -1, dtype=torch.int32)
+    shared = torch.randperm(20, generator=gen)[:17].to(torch.int32)
+    indices[0, :17] = indices[1, :17] = shared
+    indices[2, [0, 5, 19, 31]] = torch.tensor([3, 7, 19, 0], dtype=torch.int32)
+    indices[4, 3:9] = torch.arange(6, dtype=torch.int32)
+    indices[5] = indices[4]
+    want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, 0.3, 16)
+    for config in (GroupedMLAConfig(group=4, block_n=16), GroupedMLAConfig(group=2, block_n=16,
+                                                                           num_splits=2)):
+        got = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
+                                                  indices.to(DEVICE), 0.3, 16, config).cpu()
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+        assert (got[3] == 0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="bf16 Triton path needs a GPU (the interpreter mishandles bf16)")
+def test_grouped_sparse_mla_bf16():
+    query, kv_cache, indices = _mla_case([90, 37], [8, 8], 16, 64, 16, 64, 32, True, seed=5,
+                                         dtype=torch.bfloat16)
+    scale = 96 ** -0.5
+    want = ref.sparse_mla_attention_ref(query.float(), kv_cache.float(), indices, scale, 64)
+    got = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
+                                              indices.to(DEVICE), scale, 64,
+                                              GroupedMLAConfig(block_n=32)).cpu()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_mla_cache_write_triton_matches_reference(slot_dtype):
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(4, 8, 40, generator=gen)
+    kv = torch.randn(6, 40, generator=gen)
+    slots = torch.tensor([31, -1, 0, 9, -5, 17], dtype=slot_dtype)
+    want = cache.clone()
+    ref.mla_cache_write_ref(kv, want, slots)
+    got = cache.to(DEVICE)
+    mla_cache_write_triton(kv.to(DEVICE), got, slots.to(DEVICE))
+    assert torch.equal(got.cpu(), want)
+    assert torch.equal(got.cpu()[0, 1], cache[0, 1])          # slot 1 untouched
+    half = cache.to(torch.float16).to(DEVICE)
+    mla_cache_write_triton(kv.to(DEVICE), half, slots.to(DEVICE))   # casts to the cache dtype
+    assert torch.equal(half.cpu()[3, 7], kv[0].to(torch.float16))
+
+
+def test_mla_cache_write_triton_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="slot_mapping has shape \\(2,\\)"):
+        mla_cache_write_triton(torch.randn(3, 8), torch.randn(2, 4, 8), torch.zeros(2))
+    with pytest.raises(ValueError, match="expected \\[T, D\\] rows"):
+        mla_cache_write_triton(torch.randn(3, 6), torch.randn(2, 4, 8), torch.zeros(3))
+
+
+def _markov_case(num_reqs, num_steps, vocab, rank, dtype, seed):
+    torch.manual_seed(seed)
+    head = DSparkMarkovHead(vocab, rank)
+    with torch.no_grad():
+        head.embed.weight.mul_(2.0)
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(num_reqs, num_steps, vocab, generator=gen).to(dtype)
+    anchors = torch.randint(0, vocab, (num_reqs,), generator=gen)
+    return head.to(dtype).to(DEVICE), base.to(DEVICE), anchors.to(DEVICE)
+
+
+# vocab 5000 is not a multiple of the kernel's 4096-token tile
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, "mixed"])
+def test_fused_markov_sampling_is_bit_identical(dtype, temperature):
+    head, base, anchors = _markov_case(6, 4, 5000, 8, dtype, seed=1)
+    seeds = torch.tensor([0, 1, 2**40 + 5, -7, 3, 9], device=DEVICE)
+    positions = torch.tensor([0, 5, 100, 2**33, 7, 1], device=DEVICE)
+    if temperature == "mixed":
+        temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0, 0.7], device=DEVICE)
+    with torch.no_grad():
+        want = sample_sequential(base, anchors, head, temperature, seeds, positions)
+        got = sample_sequential_triton(base, anchors, head, temperature, seeds, positions)
+    assert got.dtype == torch.int64 and got.shape == (6, 4)
+    assert torch.equal(got, want)
+
+
+def test_fused_markov_sampling_ties_pick_the_first_index_and_signs_order():
+    """Equal maxima (also +0.0 vs -0.0) pick the lowest token, as torch.argmax does;
+    all-negative rows order by value."""
+    vocab = 4200
+    head = DSparkMarkovHead(vocab, 2)
+    with torch.no_grad():
+        head.bias.weight.zero_()                    # bias exactly 0: logits == base
+    base = -torch.rand(3, 1, vocab, generator=torch.Generator().manual_seed(2)) - 1.0
+    base[0, 0, [4100, 17, 600]] = 5.0               # a three-way tie across tiles
+    base[1, 0, 4099] = 0.0
+    base[1, 0, 4098] = -0.0
+    base[2, 0, 4199] = -0.5                         # the largest of negatives, in the last tile
+    with torch.no_grad():
+        want = sample_sequential(base, torch.zeros(3, dtype=torch.int64), head, 0.0,
+                                 torch.zeros(3))
+        got = sample_sequential_triton(base.to(DEVICE), torch.zeros(3, dtype=torch.int64,
+                                                                    device=DEVICE),
+                                       head.to(DEVICE), 0.0, torch.zeros(3, device=DEVICE))
+    assert want[:, 0].tolist() == [17, 4098, 4199]
+    assert torch.equal(got.cpu(), want)
+
+
+def test_fused_markov_sampling_validates_and_handles_empty():
+    head, base, anchors = _markov_case(2, 3, 64, 4, torch.float32, seed=3)
+    with pytest.raises(ValueError, match="anchor_tokens has shape"):
+        sample_sequential_triton(base, anchors[:1], head, 0.0, torch.zeros(2, device=DEVICE))
+    empty = sample_sequential_triton(base[:, :0], anchors, head, 1.0,
+                                     torch.zeros(2, device=DEVICE))
+    assert empty.shape == (2, 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_compiled_dspark_draft_step_replays_as_cuda_graph_with_changing_seq_lens():
+    from dspark_compile.tools.dspark_graph_check import check_draft_step_graph
+    from dspark_compile.models.dspark_draft import DSparkDraftConfig
+
+    cfg = DSparkDraftConfig(hidden_size=64, num_layers=2, num_heads=4, kv_lora_rank=32,
+                            rope_dim=16, intermediate_size=128, vocab_size=64, markov_rank=4,
+                            sliding_window=48)
+    errors = check_draft_step_graph(cfg, window=40, block_size=16,
+                                    step_seq_lens=[[200, 70, 9], [216, 78, 17], [205, 80, 30]],
+                                    q_len=8)
+    assert max(errors) < 1e-3, errors
