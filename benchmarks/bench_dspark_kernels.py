@@ -370,7 +370,10 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     import dspark_compile  # noqa: F401
+    import logging
 
+    # The launcher logs when a shape does not fit and a smaller one runs instead.
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
     RESULTS["environment"] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,

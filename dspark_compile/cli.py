@@ -1,4 +1,4 @@
-"""``dspark-compile``: the command line (demo, inspect, check-ascend, bench).
+"""``dspark-compile``: the command line (demo, inspect, check-ascend, bench, study).
 
 Every command runs on the built-in reference draft by default (CPU). Bad
 input exits with status 2 and one message; a failed check exits with 1.
@@ -105,11 +105,107 @@ def build_parser() -> argparse.ArgumentParser:
     ascend.add_argument("--inserted-only", action="store_true",
                         help="check only the nodes our passes insert")
 
+    _add_study_parsers(commands)
+
     commands.add_parser(
         "bench", help="run benchmarks/bench_draft_window.py (needs a CUDA GPU)",
         description="Run benchmarks/bench_draft_window.py from a source checkout; arguments "
         "after 'bench' (or after '--') go to the script. Needs a CUDA device.")
     return parser
+
+
+def _add_study_parsers(commands) -> None:
+    from dspark_compile.speculative.scales import SCALES
+    from dspark_compile.speculative.study import FAMILIES
+
+    study = commands.add_parser(
+        "study", help="acceptance (tau) and tokens/s vs context, with and without the window",
+        description="Train a byte-level target and two drafts (token-only draft_model; "
+        "EAGLE-style, fed the target's hidden states) on the Python standard library's source, "
+        "or load them from --checkpoint, then run greedy speculative decoding on held-out "
+        "prompts at contexts from the drafts' training length to 16x it, without a window and "
+        "with windows of 1x, 2x, 4x that length. Writes study.json (after every cell), "
+        "study.md and study.png to OUT_DIR.")
+    study.add_argument("--scale", choices=sorted(SCALES), default="quick",
+                       help="h200: a few GPU minutes; quick: the CPU scale (estimated ~15 min "
+                       "on 2 idle cores); smoke: toy sizes, for tests (default: quick)")
+    study.add_argument("--out-dir", default="dspark_study", help="default: ./dspark_study")
+    study.add_argument("--device", default=None, help="torch device (default: cuda if "
+                       "available, else cpu)")
+    study.add_argument("--lowering", choices=["inductor", "aot_eager"], default=None,
+                       help="draft compile lowering (default: inductor on CUDA, aot_eager on CPU)")
+    study.add_argument("--checkpoint", default=None,
+                       help="load the trained models from this file if it holds this scale; "
+                       "else train and save them there")
+    study.add_argument("--draft-prefill-chunk", type=_positive_int, default=None,
+                       help="tokens per draft prefill forward (default: the whole prompt)")
+    study.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    study.add_argument("--train-time-budget", type=float, default=None,
+                       help="stop each model's training after this many seconds (recorded)")
+
+    report = commands.add_parser(
+        "study-report", help="study.md and study.png from a study.json",
+        description="Rewrite study.md and study.png from STUDY_JSON (e.g. a JSON made on a "
+        "machine without matplotlib), next to it or in --out-dir; recomputes the JSON's derived "
+        "'goal' entry from its results.")
+    report.add_argument("study_json")
+    report.add_argument("--out-dir", default=None)
+
+
+def run_study_command(args: argparse.Namespace) -> int:
+    import logging
+
+    import torch
+
+    from dspark_compile.speculative.scales import SCALES
+    from dspark_compile.speculative.study import run_study
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device={device!r} is invalid: no CUDA device is available")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    bars: dict = {}
+
+    def progress(phase, done, total, note):
+        bar = bars.setdefault(phase, TextProgress(total, phase))
+        bar.show(done, note)
+        if done >= total:
+            bar.clear()
+
+    study = run_study(SCALES[args.scale], Path(args.out_dir), device=device,
+                      lowering=args.lowering,
+                      checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+                      draft_prefill_chunk=args.draft_prefill_chunk,
+                      families=tuple(args.families), progress=progress,
+                      train_time_budget_s=args.train_time_budget)
+    print((Path(args.out_dir) / "study.md").read_text())
+    print(f"wrote {args.out_dir}/study.json, study.md" +
+          (", study.png" if (Path(args.out_dir) / "study.png").is_file() else ""))
+    return 0 if study["results"] else 1
+
+
+def run_study_report_command(args: argparse.Namespace) -> int:
+    import json
+
+    from dspark_compile.speculative.report import write_reports
+
+    path = Path(args.study_json)
+    if not path.is_file():
+        raise UsageError(f"study_json={str(path)!r} is invalid: no such file")
+    from dspark_compile.speculative.study import goal_check
+
+    out_dir = Path(args.out_dir) if args.out_dir else path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    study = json.loads(path.read_text())
+    scale = study["meta"]["scale"]
+    goal = goal_check(study["results"], tuple(scale["contexts"]), scale["draft_train"]["context"])
+    if study.get("goal") != goal:
+        study["goal"] = goal
+        path.write_text(json.dumps(study, indent=1))
+        print(f"updated the derived 'goal' entry of {path}")
+    for written in write_reports(study, out_dir):
+        print(f"wrote {written}")
+    return 0
 
 
 def _add_window_args(parser: argparse.ArgumentParser, default_window: int) -> None:
@@ -293,6 +389,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return run_inspect_command(args)
         if args.command == "check-ascend":
             return run_check_ascend_command(args)
+        if args.command == "study":
+            return run_study_command(args)
+        if args.command == "study-report":
+            return run_study_report_command(args)
         return run_bench_command(extra[1:] if extra[:1] == ["--"] else extra)
     except (UsageError, ValueError) as error:
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)

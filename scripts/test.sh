@@ -3,7 +3,7 @@
 # Extra arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/bootstrap.sh" "test,vllm"
+bash "$root/scripts/bootstrap.sh" "test,vllm,study"
 cd "$root"
 set +e
 .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

@@ -16,11 +16,12 @@ def test_module_entry_point_help():
     result = subprocess.run([sys.executable, "-m", "dspark_compile", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
-    for command in ("demo", "inspect", "check-ascend", "bench"):
+    for command in ("demo", "inspect", "check-ascend", "bench", "study", "study-report"):
         assert command in result.stdout
 
 
-@pytest.mark.parametrize("command", ["demo", "inspect", "check-ascend", "bench"])
+@pytest.mark.parametrize("command", ["demo", "inspect", "check-ascend", "bench", "study",
+                                     "study-report"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main([command, "--help"])

@@ -18,7 +18,7 @@ LAYERS = {
     "window": 6,                       # compatibility module: arithmetic + runtime
     "options": 7, "backend": 7, "routes": 7, "integrations.vllm": 7,
     "tools": 8, "testing": 8, "inspection": 8, "demo": 8, "dspark_demo": 8, "cli": 8,
-    "__main__": 8, "integrations.depyf_dump": 8, "ascend": 8,
+    "__main__": 8, "integrations.depyf_dump": 8, "ascend": 8, "speculative": 8,
     "__init__": 9,
 }
 # Old import paths served lazily from the new place (CHANGELOG.md).

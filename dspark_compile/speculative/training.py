@@ -1,0 +1,147 @@
+"""Training of the study's target and drafts on byte windows of the corpus.
+
+Plain next-byte cross entropy with AdamW, linear warm-up then cosine decay to
+10%, fixed seeds (model init and batch order), bf16 autocast on CUDA. The
+EAGLE-style draft (``feature_size > 0``) reuses the target's embedding and
+``lm_head`` (frozen) and learns from the target's hidden states at its own short
+context: input at p is ``[embed(x_p), f_{p-1}]``; loss = CE of its prediction of
+``x_{p+1}`` + smooth-L1 between its hidden and the target's ``f_p`` (so its own
+hidden can stand in for the target's while it proposes several tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from dspark_compile.speculative.corpus import random_windows
+from dspark_compile.speculative.lm import TransformerLM, shift_features
+
+logger = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """``steps`` optimizer steps of ``batch`` windows of ``context`` bytes."""
+
+    steps: int
+    batch: int
+    context: int
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch", "context"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
+
+
+def _lr_at(step: int, spec: TrainSpec) -> float:
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    progress = (step - spec.warmup) / max(spec.steps - spec.warmup, 1)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def _losses(model: TransformerLM, batch: torch.Tensor, target: Optional[TransformerLM]):
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+    features = target_features = None
+    if target is not None:
+        with torch.no_grad():
+            _, target_features = target.forward_dense(inputs)
+        target_features = target_features.float()
+        features = shift_features(target_features)
+    logits, hidden = model.forward_dense(inputs, features)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    if target is None:
+        return ce, ce
+    return ce + F.smooth_l1_loss(hidden.float(), target_features), ce
+
+
+def tie_eagle_to_target(draft: TransformerLM, target: TransformerLM) -> None:
+    """Copy the target's embedding and ``lm_head`` into ``draft`` and freeze them."""
+    if draft.cfg.hidden_size != target.cfg.hidden_size or \
+            draft.cfg.feature_size != target.cfg.hidden_size:
+        raise ValueError(f"draft hidden_size={draft.cfg.hidden_size}, feature_size="
+                         f"{draft.cfg.feature_size} are invalid: expected both equal to the "
+                         f"target's hidden_size={target.cfg.hidden_size}")
+    draft.embed.weight.data.copy_(target.embed.weight.data)
+    draft.lm_head.weight.data.copy_(target.lm_head.weight.data)
+    draft.embed.weight.requires_grad_(False)
+    draft.lm_head.weight.requires_grad_(False)
+
+
+def train_lm(model: TransformerLM, data: torch.Tensor, spec: TrainSpec, *,
+             target: Optional[TransformerLM] = None, progress: Optional[ProgressFn] = None,
+             time_budget_s: Optional[float] = None) -> dict:
+    """Train ``model`` in place on ``data`` (uint8 bytes, on the CPU); ``target``
+    given: EAGLE-style training on its hidden states (``target`` is frozen).
+    Stops early only when ``time_budget_s`` runs out (logged, and recorded as
+    ``steps_done < steps``). Returns the training record."""
+    device = next(model.parameters()).device
+    model.train()
+    if target is not None:
+        target.eval()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95),
+                                  weight_decay=spec.weight_decay)
+    generator = torch.Generator().manual_seed(spec.seed)
+    start = time.perf_counter()
+    losses: list[float] = []
+    step = 0
+    for step in range(spec.steps):
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            logger.warning("training stopped by its time budget (%.0f s) after %d of %d steps",
+                           time_budget_s, step, spec.steps)
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, spec)
+        batch = random_windows(data, spec.batch, spec.context, generator).to(device)
+        with _autocast(device):
+            loss, ce = _losses(model, batch, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        if step % 25 == 0 or step == spec.steps - 1:
+            losses.append(float(ce.detach()))
+            if progress is not None:
+                progress(step + 1, spec.steps, losses[-1])
+    else:
+        step = spec.steps
+    model.eval()
+    return {"steps": spec.steps, "steps_done": step, "batch": spec.batch,
+            "context": spec.context, "seconds": time.perf_counter() - start,
+            "train_ce_every_25_steps": losses}
+
+
+@torch.no_grad()
+def eval_loss(model: TransformerLM, data: torch.Tensor, context: int, batches: int = 4,
+              batch: int = 8, target: Optional[TransformerLM] = None, seed: int = 1234) -> float:
+    """Held-out next-byte cross entropy (nats/byte) on random windows of ``context``."""
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    total = 0.0
+    for _ in range(batches):
+        windows = random_windows(data, batch, context, generator).to(device)
+        with _autocast(device):
+            _, ce = _losses(model, windows, target)
+        total += float(ce)
+    return total / batches
