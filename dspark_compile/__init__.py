@@ -11,7 +11,8 @@ import logging
 
 from dspark_compile import ops  # noqa: F401  (registers torch.ops.dspark.*)
 from dspark_compile.arithmetic import (
-    WindowBounds, causal_width, compute_window, gather_window_block_table, max_window_blocks,
+    WindowBounds, causal_width, causal_window_metadata, causal_window_metadata_packed,
+    compute_window, gather_window_block_table, max_window_blocks,
     noncausal_width, window_seq_lens, window_seq_lens_and_block_table,
     window_seq_lens_and_block_table_packed, window_upper_bound, windowed_len_bound)
 from dspark_compile.backend import configured_backend, dspark_backend
@@ -19,8 +20,8 @@ from dspark_compile.config import METHODS, DraftWindowConfig
 from dspark_compile.inspection import InspectionReport, inspect
 from dspark_compile.options import OptionError, valid_options
 from dspark_compile.passes import (
-    AttentionOpSpec, PassRecord, attention_op_specs, clear_pass_records, pass_records,
-    register_attention_op, unregister_attention_op)
+    AttentionOpSpec, PassRecord, PerTokenWindowArgs, attention_op_specs, clear_pass_records,
+    pass_records, register_attention_op, unregister_attention_op)
 from dspark_compile.runtime import SlidingWindowAdapter, WindowedMetadata
 from dspark_compile.tools.ascend_check import AscendCheck, check_ascend
 
@@ -33,10 +34,12 @@ __all__ = [
     "METHODS", "DraftWindowConfig", "OptionError", "configured_backend", "dspark_backend",
     "valid_options",
     # attention ops the window pass rewrites; what the passes did
-    "AttentionOpSpec", "PassRecord", "attention_op_specs", "clear_pass_records",
+    "AttentionOpSpec", "PassRecord", "PerTokenWindowArgs", "attention_op_specs",
+    "clear_pass_records",
     "pass_records", "register_attention_op", "unregister_attention_op",
     # window arithmetic and the run-time adapter
-    "SlidingWindowAdapter", "WindowBounds", "WindowedMetadata", "compute_window",
+    "SlidingWindowAdapter", "WindowBounds", "WindowedMetadata", "causal_window_metadata",
+    "causal_window_metadata_packed", "compute_window",
     "gather_window_block_table", "max_window_blocks", "window_seq_lens",
     "window_seq_lens_and_block_table", "window_seq_lens_and_block_table_packed",
     "window_upper_bound", "windowed_len_bound", "causal_width", "noncausal_width",

@@ -166,12 +166,13 @@ def test_inductor_fuses_window_arithmetic_and_gather_into_one_kernel():
             args = [a.strip() for a in call.split(",")]
             assert {args[3], args[4]} <= kernel_args, call
         return
-    # Every layer reads the windowed table and lengths as views of ONE buffer
-    # that the window kernel wrote.
+    # Every layer reads the windowed table and lengths (and, causal, kv_offset)
+    # as views of ONE buffer that the window kernel wrote.
     buffers = set()
     for call in attention:
         views = re.findall(r"reinterpret_tensor\((buf\d+),", call)
-        assert len(views) == 2 and views[0] == views[1], call
+        assert len(views) == 3 and len(set(views)) == 1, call
+        assert "kv_offset=reinterpret_tensor" in call, call
         buffers.add(views[0])
     assert len(buffers) == 1 and buffers <= kernel_args
 

@@ -1,49 +1,79 @@
 """Draft KV sliding-window arithmetic (docs/design.md, "Window arithmetic").
 
-With W the window size, b the kernel block size and K the future offset::
+With W the window size, b the kernel block size and K the future offset, a
+query at absolute position p attends to keys ``j`` with ``lo(p) <= j`` where::
 
-    start        = floor(clamp(seq_lens + K - W, min=0) / b) * b
-    windowed_len = seq_lens - start                    # <= W - K + b - 1
+    lo(p) = floor(max(p + 1 + K - W, 0) / b) * b       # block aligned
+
+(causal queries also need ``j <= p``). A request with ``seq_len`` KV tokens and
+``q_len`` queries at positions ``seq_len - q_len .. seq_len - 1`` is windowed
+from the window of ONE anchor query::
+
+    decode / non-causal (anchor = the last query, p = seq_len - 1):
+        start    = floor(clamp(seq_lens + K - W, min=0) / b) * b
+    causal blocks (anchor = the first query, p = seq_len - max(q_len, 1)):
+        start    = floor(clamp(seq_lens - max(q_len, 1) + 1 + K - W, min=0) / b) * b
+    windowed_len = seq_lens - start                    # <= W - K + b - 2 + max_q_len
     start_block  = start // b
-    needed       = ceil(windowed_len / b)              # <= max_window_blocks
+    needed       = ceil(windowed_len / b)              # <= max_window_blocks(W, b, max_q_len)
+
+With one query (decode) both anchors coincide. In the causal form the attention
+kernel applies each later query's own ``lo(p)`` itself (``dspark.paged_attention``'s
+``kv_offset`` / ``window_size`` / ``future_offset`` arguments); ``lo`` never
+decreases with p, so the anchor's window covers every query of the block.
 
 Everything runs on the tensors' device with no host synchronisation. The
 functions use only ops that Inductor fuses and torchair's GE mode converts
-(add, clamp, div(floor), mul, sub, arange, unsqueeze, lt, logical_and,
-gather, mul-by-mask); the graph pass traces these same functions, so the
+(add, clamp, div(floor), mul, sub, arange, unsqueeze, slice, lt, logical_and,
+where, gather, as_strided, mul-by-mask); the graph pass traces these same functions, so the
 eager API and the compiled graph share one definition.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from typing import Optional, Union
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from dspark_compile.validation import check_int
 
+IntLike = Union[int, torch.SymInt]  # a token count may be symbolic under dynamic shapes
 
-def max_window_blocks(window_size: int, block_size: int) -> int:
-    """Width of the windowed block table: ``ceil(W / b) + 1``.
 
-    Covers the worst case ``ceil((W - K + b - 1) / b)`` for every K >= 0, also
+def max_window_blocks(window_size: int, block_size: int, max_query_len: IntLike = 1) -> IntLike:
+    """Width of the windowed block table: ``ceil((W + max_query_len - 1) / b) + 1``.
+
+    ``max_query_len`` (default 1: decode and non-causal windows) bounds every
+    causal query block's length. With 1 this is ``ceil(W / b) + 1``, which
+    covers the worst case ``ceil((W - K + b - 1) / b)`` for every K >= 0, also
     when b does not divide W (``W // b + 1`` does not: W=100, b=16 needs 8).
+    A causal block of q queries adds at most ``q - 1`` tokens. ``max_query_len``
+    may be a SymInt (a symbolic token count); the result is then one too.
     """
     check_int("window_size", window_size)
     check_int("block_size", block_size)
-    return math.ceil(window_size / block_size) + 1
+    _check_query_bound(max_query_len)
+    return (window_size + max_query_len - 2 + block_size) // block_size + 1
 
 
-def windowed_len_bound(window_size: int, block_size: int, future_offset: int = 0) -> int:
-    """Largest possible ``windowed_len``: ``W - K + b - 1``."""
-    return window_size - future_offset + block_size - 1
+def windowed_len_bound(window_size: int, block_size: int, future_offset: int = 0,
+                       max_query_len: IntLike = 1) -> IntLike:
+    """Largest possible ``windowed_len``: ``W - K + b - 2 + max_query_len``
+    (``W - K + b - 1`` for decode and non-causal windows)."""
+    return window_size - future_offset + block_size - 2 + max_query_len
 
 
 def window_upper_bound(bound: int, window_size: int, block_size: int,
-                       future_offset: int = 0) -> int:
+                       future_offset: int = 0, max_query_len: int = 1) -> int:
     """Window a scalar upper bound of seq_lens (e.g. ``max_seq_len``)."""
-    return min(bound, windowed_len_bound(window_size, block_size, future_offset))
+    return min(bound, windowed_len_bound(window_size, block_size, future_offset, max_query_len))
+
+
+def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:
+    """``q_len [R]`` from ``query_start_loc [R+1]``: ``qsl[1:] - qsl[:-1]``."""
+    return query_start_loc[1:] - query_start_loc[:-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,18 +87,31 @@ class WindowBounds:
 
 
 def compute_window(seq_lens: torch.Tensor, window_size: int, block_size: int,
-                   future_offset: int = 0) -> WindowBounds:
-    """Window bounds for ``seq_lens`` (``[num_reqs]`` int tensor, any device)."""
+                   future_offset: int = 0, query_lens: Optional[torch.Tensor] = None,
+                   max_query_len: IntLike = 1) -> WindowBounds:
+    """Window bounds for ``seq_lens`` (``[num_reqs]`` int tensor, any device).
+
+    ``query_lens`` None: the window of each request's last position (decode,
+    non-causal blocks). ``query_lens [R]`` (causal blocks): the window of each
+    request's first query, at ``seq_len - max(q_len, 1)`` (an empty request
+    gets the decode window). ``max_query_len`` must bound every ``q_len``: it
+    sizes ``max_window_blocks``, which caps ``needed``.
+    """
     check_int("window_size", window_size)
     check_int("block_size", block_size)
     check_int("future_offset", future_offset, 0)
-    shifted = torch.clamp(seq_lens + (future_offset - window_size), min=0)
+    anchor_end = seq_lens  # position + 1 of the query whose window is taken
+    if query_lens is not None:
+        extra = torch.clamp(query_lens, min=1) - 1
+        anchor_end = seq_lens - (extra if extra.dtype == seq_lens.dtype
+                                 else extra.to(seq_lens.dtype))
+    shifted = torch.clamp(anchor_end + (future_offset - window_size), min=0)
     start_block = torch.div(shifted, block_size, rounding_mode="floor")
     start = start_block * block_size
     windowed_len = seq_lens - start
     needed = torch.clamp(
         torch.div(windowed_len + (block_size - 1), block_size, rounding_mode="floor"),
-        max=max_window_blocks(window_size, block_size),
+        max=max_window_blocks(window_size, block_size, max_query_len),
     )
     return WindowBounds(start, windowed_len, start_block, needed)
 
@@ -112,11 +155,55 @@ def window_seq_lens_and_block_table_packed(
     lengths) computed by a single elementwise expression, so that a compiler
     emits one kernel for both. Needs equal dtypes (else: two tensors).
     """
-    num_reqs, width = block_table.shape[0], block_table.shape[1]
-    num_window_blocks = max_window_blocks(window_size, block_size)
-    if block_table.dtype != seq_lens.dtype or width == 0:
+    if block_table.dtype != seq_lens.dtype or block_table.shape[1] == 0:
         return window_seq_lens_and_block_table(seq_lens, block_table, window_size, block_size,
                                                future_offset)
+    return _packed_window(seq_lens, block_table, window_size, block_size, future_offset)
+
+
+def causal_window_metadata(
+    seq_lens: torch.Tensor, block_table: torch.Tensor, query_start_loc: torch.Tensor,
+    window_size: int, block_size: int, future_offset: int = 0, *, max_query_len: IntLike,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(windowed_len, windowed_block_table, kv_offset)`` for causal query blocks.
+
+    The table starts at the window of each request's FIRST query
+    (``compute_window(..., query_lens=...)``), so it holds every key any query
+    of the block may see; ``kv_offset [R]`` (= ``start``, seq_lens' dtype) is
+    the absolute position of its column 0. The attention kernel then applies
+    each query's own bound ``lo(p)`` (``dspark.paged_attention(...,
+    kv_offset=kv_offset, window_size=W, future_offset=K)``). The table has
+    ``max_window_blocks(W, b, max_query_len)`` columns; ``max_query_len`` must
+    bound every ``q_len`` (the window pass uses the graph's token count).
+    """
+    _check_query_lens_bound(query_start_loc, max_query_len)
+    bounds = compute_window(seq_lens, window_size, block_size, future_offset,
+                            query_lens=query_lens(query_start_loc), max_query_len=max_query_len)
+    table = gather_window_block_table(block_table, bounds.start_block, bounds.needed,
+                                      max_window_blocks(window_size, block_size, max_query_len))
+    return bounds.windowed_len, table, bounds.start
+
+
+def causal_window_metadata_packed(
+    seq_lens: torch.Tensor, block_table: torch.Tensor, query_start_loc: torch.Tensor,
+    window_size: int, block_size: int, future_offset: int = 0, *, max_query_len: IntLike,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same values as ``causal_window_metadata``, as contiguous views of ONE flat
+    buffer ``[2R + R * max_window_blocks]`` (lengths, offsets, table rows) from a
+    single elementwise expression. Needs equal dtypes (else: three tensors).
+    """
+    if block_table.dtype != seq_lens.dtype or block_table.shape[1] == 0:
+        return causal_window_metadata(seq_lens, block_table, query_start_loc, window_size,
+                                      block_size, future_offset, max_query_len=max_query_len)
+    _check_query_lens_bound(query_start_loc, max_query_len)
+    return _packed_causal_window(seq_lens, block_table, query_start_loc, window_size,
+                                 block_size, future_offset, max_query_len)
+
+
+def _packed_window(seq_lens, block_table, window_size, block_size, future_offset):
+    """The packed per-request form: one flat iota over [table rows | lengths]."""
+    num_reqs, width = block_table.shape[0], block_table.shape[1]
+    num_window_blocks = max_window_blocks(window_size, block_size)
     table_numel = num_reqs * num_window_blocks
     flat = torch.arange(table_numel + num_reqs, device=block_table.device)
     in_table = flat < table_numel
@@ -138,7 +225,61 @@ def window_seq_lens_and_block_table_packed(
             torch.as_strided(packed, (num_reqs, num_window_blocks), (num_window_blocks, 1), 0))
 
 
+def _packed_causal_window(seq_lens, block_table, query_start_loc, window_size, block_size,
+                          future_offset, max_query_len):
+    """The packed per-token form: one flat iota over [lengths | offsets | table rows].
+
+    The vectors come first: with the table first, Inductor (torch 2.14, CPU)
+    computed only the table part of the buffer once it had more than 8 columns
+    (measured 2026-11-30).
+    """
+    num_reqs, width = block_table.shape[0], block_table.shape[1]
+    num_window_blocks = max_window_blocks(window_size, block_size, max_query_len)
+    vectors = 2 * num_reqs
+    flat = torch.arange(vectors + num_reqs * num_window_blocks, device=block_table.device)
+    in_vectors = flat < vectors
+    in_lens = flat < num_reqs
+    table_flat = flat - vectors
+    row_in_table = torch.div(table_flat, num_window_blocks, rounding_mode="floor")
+    row = torch.where(in_vectors, torch.where(in_lens, flat, flat - num_reqs), row_in_table)
+    col = table_flat - row_in_table * num_window_blocks      # in [0, cols) everywhere
+    q_lens = torch.gather(query_start_loc, 0, row + 1) - torch.gather(query_start_loc, 0, row)
+    bounds = compute_window(torch.gather(seq_lens, 0, row), window_size, block_size,
+                            future_offset, query_lens=q_lens, max_query_len=max_query_len)
+    index = bounds.start_block + col
+    valid = torch.logical_and(col < bounds.needed, index < width)
+    safe_index = torch.clamp(index, min=0, max=width - 1)
+    table_values = torch.gather(block_table.reshape(-1), 0, row * width + safe_index)
+    packed = torch.where(in_vectors, torch.where(in_lens, bounds.windowed_len, bounds.start),
+                         table_values * valid.to(block_table.dtype))
+    return (torch.as_strided(packed, (num_reqs,), (1,), 0),
+            torch.as_strided(packed, (num_reqs, num_window_blocks), (num_window_blocks, 1),
+                             vectors),
+            torch.as_strided(packed, (num_reqs,), (1,), num_reqs))
+
+
 def window_seq_lens(seq_lens: torch.Tensor, window_size: int, block_size: int,
                     future_offset: int = 0) -> torch.Tensor:
     """Windowed lengths only (for host mirrors such as ``seq_lens_cpu``)."""
     return compute_window(seq_lens, window_size, block_size, future_offset).windowed_len
+
+
+def _check_query_lens_bound(query_start_loc: torch.Tensor, max_query_len: IntLike) -> None:
+    """``max_query_len`` bounds every q_len: checked on real CPU tensors (a host
+    read); on devices and under tracing it is the caller's contract."""
+    _check_query_bound(max_query_len)
+    if query_start_loc.dim() != 1 or query_start_loc.shape[0] < 1:
+        raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} is invalid: "
+                         "expected [num_reqs + 1]")
+    if (torch.compiler.is_compiling() or query_start_loc.device.type != "cpu"
+            or isinstance(max_query_len, torch.SymInt) or is_fake(query_start_loc)
+            or query_start_loc.shape[0] < 2):
+        return
+    longest = int(query_lens(query_start_loc).max())
+    if longest > max_query_len:
+        raise ValueError(f"max_query_len={max_query_len} is invalid: a request has {longest} "
+                         "queries (max_query_len must bound every q_len)")
+
+
+def _check_query_bound(value: object) -> None:
+    check_int("max_query_len", value, allow_symbolic=True)

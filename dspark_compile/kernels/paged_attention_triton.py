@@ -6,7 +6,10 @@ Same semantics as ``paged_attention_ref`` (the definition of correct): query
 ``query_start_loc[R] == T``). Request i's queries sit at positions
 ``seq_lens[i] - q_len .. seq_lens[i] - 1``; causal queries see tokens ``<=``
 their position, non-causal ones all ``seq_lens[i]`` tokens; a query that sees
-nothing outputs zeros.
+nothing outputs zeros. With ``window_size`` W (and ``future_offset`` K,
+``kv_offset`` = absolute position of table token 0), a query at absolute
+position p also hides keys before ``lo(p) = floor(max(p + 1 + K - W, 0) / b) * b``
+(causal: its own p; non-causal: the request's last position).
 
 Layout of the work:
 - one program per (query tile, KV head, KV split). A query tile is up to
@@ -19,7 +22,9 @@ Layout of the work:
   (flash decoding) sized from the block table's WIDTH, never from a host read
   of ``seq_lens``; splits past a request's length exit after writing an empty
   partial. After windowing the width is ``max_window_blocks``, so a 128k
-  context with W=2048 launches work for ~2k tokens.
+  context with W=2048 launches work for ~2k tokens. With a window, a query
+  tile starts at the block of its first query's ``lo``; splits wholly below
+  it exit at once.
 - fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
   combines the splits by their log-sum-exp.
 No host synchronisation anywhere: CUDA-graph capturable.
@@ -37,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dspark_compile.kernels.paged_attention import check_window_args
 from dspark_compile.validation import warn_once
 
 logger = logging.getLogger(__name__)
@@ -71,10 +77,12 @@ def _paged_attention_kernel(
     out_ptr, out_stride0, out_stride1,
     part_ptr, lse_ptr,
     scale_log2, tokens_per_split, num_splits,
+    offset_ptr, window_size, future_offset,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -104,8 +112,25 @@ def _paged_attention_kernel(
     if CAUSAL:  # the tile's last query bounds what any of its rows can see
         last_q = tl.minimum(local_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
         kv_end = seq_len - q_len + last_q + 1
-    split_begin = split * tokens_per_split
-    split_end = tl.minimum(split_begin + tokens_per_split, kv_end)
+    kv_begin = 0
+    if WINDOWED:  # per-query lower bound lo(p), in table coordinates
+        offset = 0
+        if HAS_OFFSET:
+            offset = tl.load(offset_ptr + req)
+        if CAUSAL:
+            anchor = q_pos                                   # each query's own position
+            first_anchor = seq_len - q_len + local_tile * BLOCK_Q
+        else:
+            anchor = tl.zeros([BLOCK_M], tl.int32) + (seq_len - 1)   # the request's last
+            first_anchor = seq_len - 1
+        lo = (tl.maximum(offset + anchor + 1 + future_offset - window_size, 0)
+              // BLOCK_SIZE * BLOCK_SIZE - offset)
+        # lo never decreases with the position: the tile's first query bounds them all
+        kv_begin = tl.maximum(
+            tl.maximum(offset + first_anchor + 1 + future_offset - window_size, 0)
+            // BLOCK_SIZE * BLOCK_SIZE - offset, 0)
+    split_begin = tl.maximum(split * tokens_per_split, kv_begin)
+    split_end = tl.minimum(split * tokens_per_split + tokens_per_split, kv_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -127,6 +152,8 @@ def _paged_attention_kernel(
         visible = kv_valid[None, :]
         if CAUSAL:
             visible = visible & (kv[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            visible = visible & (kv[None, :] >= lo[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # all masked so far: no NaN
@@ -232,15 +259,24 @@ def paged_attention_triton(
     scale: float, causal: bool, out: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None, block_n: Optional[int] = None,
     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+    kv_offset: Optional[torch.Tensor] = None, window_size: Optional[int] = None,
+    future_offset: int = 0,
 ) -> torch.Tensor:
     """``dspark.paged_attention`` semantics (``paged_attention_ref``) in Triton.
 
+    ``kv_offset [R]`` / ``window_size`` / ``future_offset``: the per-token draft
+    window (see the reference). The first KV tile a query tile reads is the
+    block of its first query's lower bound; splits wholly below it exit at once.
     ``out [T, Hq, D]`` (query's dtype) is written in place when given.
     ``num_splits``/``block_n``/``num_warps``/``num_stages`` override the
     launch heuristics (tests, tuning); the result does not depend on them
     beyond float rounding.
     """
     _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc)
+    check_window_args(window_size, future_offset)
+    if kv_offset is not None and tuple(kv_offset.shape) != tuple(seq_lens.shape):
+        raise ValueError(f"kv_offset {tuple(kv_offset.shape)} is invalid: expected one offset "
+                         f"per request, {tuple(seq_lens.shape)}")
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -275,9 +311,11 @@ def paged_attention_triton(
         out, out.stride(0), out.stride(1),
         parts, lse,
         float(scale) * _LOG2E, cfg.tokens_per_split, cfg.num_splits,
+        seq_lens if kv_offset is None else kv_offset, window_size or 0, future_offset,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
+        WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
         DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     if cfg.num_splits > 1:

@@ -8,9 +8,12 @@ Their default implementation is the torch reference in
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from dspark_compile.kernels.paged_attention import paged_attention_ref, reshape_and_cache_ref
+from dspark_compile.kernels.paged_attention import (
+    check_window_args, paged_attention_ref, reshape_and_cache_ref)
 
 
 @torch.library.custom_op("dspark::paged_attention", mutates_args=())
@@ -23,18 +26,27 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     causal: bool,
+    kv_offset: Optional[torch.Tensor] = None,
+    window_size: Optional[int] = None,
+    future_offset: int = 0,
 ) -> torch.Tensor:
     """Attention of ``query [T, Hq, D]`` over a paged KV cache; returns ``[T, Hq, D]``.
 
+    ``window_size`` W / ``future_offset`` K: the per-token draft window, a query
+    at absolute position p sees keys ``>= floor(max(p + 1 + K - W, 0) / b) * b``;
+    ``kv_offset [R]``: the absolute position of the block table's first token.
     Semantics: ``dspark_compile.kernels.paged_attention.paged_attention_ref``.
     """
     return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                               query_start_loc, scale, causal)
+                               query_start_loc, scale, causal, kv_offset=kv_offset,
+                               window_size=window_size, future_offset=future_offset)
 
 
 @paged_attention.register_fake
 def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
-                          query_start_loc, scale, causal):
+                          query_start_loc, scale, causal, kv_offset=None, window_size=None,
+                          future_offset=0):
+    check_window_args(window_size, future_offset)
     return query.new_empty(query.shape[0], query.shape[1], value_cache.shape[-1])
 
 
@@ -58,17 +70,20 @@ def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
 
 @paged_attention.register_kernel("cuda")
 def _paged_attention_cuda(query, key_cache, value_cache, block_table, seq_lens,
-                          query_start_loc, scale, causal):
+                          query_start_loc, scale, causal, kv_offset=None, window_size=None,
+                          future_offset=0):
     """CUDA: the split-KV Triton kernel (``kernels.paged_attention_triton``); the
     torch reference for dtypes/layouts it does not handle."""
     from dspark_compile.kernels import paged_attention_triton as kernel
 
+    window = dict(kv_offset=kv_offset, window_size=window_size, future_offset=future_offset)
     if kernel.supports(query, key_cache, value_cache):
         return kernel.paged_attention_triton(query, key_cache, value_cache, block_table,
-                                             seq_lens, query_start_loc, scale, causal)
+                                             seq_lens, query_start_loc, scale, causal,
+                                             **window)
     kernel.warn_fallback(f"query {query.dtype}, cache {key_cache.dtype}/{value_cache.dtype}")
     return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                               query_start_loc, scale, causal)
+                               query_start_loc, scale, causal, **window)
 
 
 @reshape_and_cache.register_kernel("cuda")

@@ -2,7 +2,8 @@
 
 from dspark_compile.passes import stats
 from dspark_compile.passes.attention_registry import (
-    AttentionOpSpec, attention_op_specs, register_attention_op, unregister_attention_op)
+    AttentionOpSpec, PerTokenWindowArgs, attention_op_specs, register_attention_op,
+    unregister_attention_op)
 from dspark_compile.passes.base import DSparkPass, GraphPass
 from dspark_compile.passes.draft_window import DraftWindowPass
 from dspark_compile.passes.dspark_noncausal import DSparkNonCausalIndexPass
@@ -10,6 +11,6 @@ from dspark_compile.passes.manager import PassManager, PassRecord, clear_pass_re
 
 __all__ = [
     "AttentionOpSpec", "DSparkPass", "DraftWindowPass", "GraphPass", "PassManager", "PassRecord",
-    "attention_op_specs", "clear_pass_records", "pass_records", "register_attention_op",
+    "PerTokenWindowArgs", "attention_op_specs", "clear_pass_records", "pass_records", "register_attention_op",
     "unregister_attention_op", "DSparkNonCausalIndexPass", "stats",
 ]

@@ -3,7 +3,9 @@
 An entry names, by schema argument name, which inputs of the op carry the
 device ``seq_lens``, the ``block_table``, host mirrors of seq_lens (CPU
 tensors), scalar upper bounds of seq_lens (``max_seq_len``...) and the KV cache
-whose dim 1 is the kernel block size.
+whose dim 1 is the kernel block size; and, for an op that applies the
+per-token draft window itself (``PerTokenWindowArgs``), where it takes that
+window.
 """
 
 from __future__ import annotations
@@ -15,8 +17,37 @@ import torch
 
 
 @dataclasses.dataclass(frozen=True)
+class PerTokenWindowArgs:
+    """Argument names through which an op applies the causal per-token window.
+
+    ``query``: the ``[T, ...]`` query (T bounds every request's q_len);
+    ``query_start_loc [R+1]``; ``causal``: a bool argument (only calls with a
+    constant ``True`` get the per-token form); ``kv_offset [R]`` (absolute
+    position of the windowed table's first token), ``window_size`` (W) and
+    ``future_offset`` (K): the op must hide, from a query at absolute position
+    p, every key before ``floor(max(p + 1 + K - W, 0) / b) * b``.
+    """
+
+    query: str = "query"
+    query_start_loc: str = "query_start_loc"
+    causal: str = "causal"
+    kv_offset: str = "kv_offset"
+    window_size: str = "window_size"
+    future_offset: str = "future_offset"
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionOpSpec:
-    """Where an attention op reads its KV length and block table."""
+    """Where an attention op reads its KV length and block table.
+
+    Without ``per_token_window`` every call is windowed per request (the window
+    of its last position): a causal query block longer than ``W - K`` then
+    loses keys of its earliest queries. With it, causal calls get the
+    per-token form (``dspark_compile.window.causal_window_metadata``).
+    """
 
     op: torch._ops.OpOverload
     seq_lens: str
@@ -24,6 +55,7 @@ class AttentionOpSpec:
     kv_cache: Optional[str] = None
     host_seq_lens: tuple[str, ...] = ()
     upper_bounds: tuple[str, ...] = ()
+    per_token_window: Optional[PerTokenWindowArgs] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, torch._ops.OpOverload):
@@ -38,6 +70,17 @@ class AttentionOpSpec:
                     raise ValueError(
                         f"{field}={arg!r} is not an argument of {self.op}: "
                         f"its arguments are {', '.join(names)}")
+        if self.per_token_window is not None:
+            for arg in self.per_token_window.names():
+                if arg not in names:
+                    raise ValueError(
+                        f"per_token_window names {arg!r}, which is not an argument of "
+                        f"{self.op}: its arguments are {', '.join(names)}")
+            if self.host_seq_lens:
+                raise ValueError(
+                    f"host_seq_lens={self.host_seq_lens!r} with per_token_window is not "
+                    "supported: a per-token window of a host mirror needs host query "
+                    "lengths; register the op without one of them")
 
     def arg_index(self, name: str) -> int:
         """Schema position of argument ``name`` of ``op``."""
@@ -66,7 +109,8 @@ def _register_defaults() -> None:
 
     register_attention_op(AttentionOpSpec(
         op=torch.ops.dspark.paged_attention.default,
-        seq_lens="seq_lens", block_table="block_table", kv_cache="key_cache"))
+        seq_lens="seq_lens", block_table="block_table", kv_cache="key_cache",
+        per_token_window=PerTokenWindowArgs()))
 
 
 _register_defaults()

@@ -3,11 +3,23 @@
 Rewires every call of a registered attention op (``attention_registry``) to
 read windowed ``seq_lens`` and a gathered windowed block table. The window
 code (``dspark_compile.arithmetic.window``) is inserted as plain ATen ops once per
-distinct ``(seq_lens, block_table, block_size)``, right before the first call
-that reads the pair; every later call reuses it. Host mirrors are windowed
-with the same arithmetic (once per distinct mirror) and scalar upper bounds
-become ``min(bound, W - K + b - 1)``. slot_mapping and KV writes are never
+distinct ``(seq_lens, block_table, block_size)`` (and, for per-token calls,
+``query_start_loc`` and token count), right before the first call that reads
+it; every later call reuses it. Host mirrors are windowed with the same
+arithmetic (once per distinct mirror) and scalar upper bounds become
+``min(bound, windowed_len_bound)``. slot_mapping and KV writes are never
 touched: they are not attention-op inputs.
+
+Two forms:
+- per request (non-causal calls, and ops without ``per_token_window``): the
+  table starts at the window of each request's last position; every query
+  sees ``[start, seq_len)``.
+- per token (causal calls of ops with ``per_token_window``, e.g.
+  ``dspark.paged_attention``): the table starts at the window of each
+  request's FIRST query and is ``max_window_blocks(W, b, T)`` wide, T the
+  graph's token count (an upper bound of every q_len; symbolic under dynamic
+  shapes); the call also gets ``kv_offset``, ``window_size`` and
+  ``future_offset`` and hides, per query, the keys before its own ``lo(p)``.
 """
 
 from __future__ import annotations
@@ -23,7 +35,8 @@ from torch.torch_version import TorchVersion
 from dspark_compile.arithmetic import window
 from dspark_compile.config import DraftWindowConfig
 from dspark_compile.passes import stats as keys
-from dspark_compile.passes.attention_registry import AttentionOpSpec, attention_op_specs
+from dspark_compile.passes.attention_registry import (
+    AttentionOpSpec, PerTokenWindowArgs, attention_op_specs)
 from dspark_compile.passes.base import GraphPass
 from dspark_compile.passes.graph_utils import (
     Decompositions, find_calls, get_arg, inductor_decompositions, insert_traced, set_arg)
@@ -66,7 +79,7 @@ class DraftWindowPass(GraphPass):
         stats[keys.ATTENTION_CALLS] = len(calls)
         if not self.window_config.enabled or not calls:
             return stats
-        windows: dict[tuple, tuple[torch.fx.Node, torch.fx.Node]] = {}
+        windows: dict[tuple, tuple[torch.fx.Node, ...]] = {}
         mirrors: dict[tuple, torch.fx.Node] = {}
         for call in calls:
             spec = specs[call.target]
@@ -75,17 +88,35 @@ class DraftWindowPass(GraphPass):
                       self.window_config.resolved_future_offset)
             seq_lens = get_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens)
             table = get_arg(call, spec.arg_index(spec.block_table), spec.block_table)
-            key = (seq_lens, table, block_size)
-            if key not in windows:
-                fn = functools.partial(_window_fn(),
+            per_token = _per_token_args(call, spec)
+            max_query_len = 1
+            if per_token is None:
+                key = (seq_lens, table, block_size)
+                inputs = [seq_lens, table]
+                fn = functools.partial(_window_fn(), window_size=params[0],
+                                       block_size=params[1], future_offset=params[2])
+            else:
+                query = get_arg(call, spec.arg_index(per_token.query), per_token.query)
+                locs = get_arg(call, spec.arg_index(per_token.query_start_loc),
+                               per_token.query_start_loc)
+                max_query_len = query.meta["val"].shape[0]
+                key = (seq_lens, table, block_size, locs, str(max_query_len))
+                inputs = [seq_lens, table, locs, query]
+                fn = functools.partial(_causal_window, window_fn=_causal_window_fn(),
                                        window_size=params[0], block_size=params[1],
                                        future_offset=params[2])
-                windows[key] = insert_traced(graph, call, fn, [seq_lens, table],
+            if key not in windows:
+                windows[key] = insert_traced(graph, call, fn, inputs,
                                              self._decomposition_table())
                 stats[keys.WINDOW_COMPUTATIONS] += 1
-            windowed_lens, windowed_table = windows[key]
+            windowed_lens, windowed_table = windows[key][:2]
             set_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens, windowed_lens)
             set_arg(call, spec.arg_index(spec.block_table), spec.block_table, windowed_table)
+            if per_token is not None:
+                for name, value in ((per_token.kv_offset, windows[key][2]),
+                                    (per_token.window_size, params[0]),
+                                    (per_token.future_offset, params[2])):
+                    set_arg(call, spec.arg_index(name), name, value)
             for name in spec.host_seq_lens:
                 mirror = get_arg(call, spec.arg_index(name), name)
                 if not isinstance(mirror, torch.fx.Node):
@@ -99,7 +130,7 @@ class DraftWindowPass(GraphPass):
                 set_arg(call, spec.arg_index(name), name, mirrors[(mirror, block_size)])
             for name in spec.upper_bounds:
                 bound = get_arg(call, spec.arg_index(name), name)
-                new_bound = _window_bound(graph, call, bound, *params)
+                new_bound = _window_bound(graph, call, bound, *params, max_query_len)
                 if new_bound is not None:
                     set_arg(call, spec.arg_index(name), name, new_bound)
                     stats[keys.UPPER_BOUNDS_WINDOWED] += 1
@@ -140,10 +171,45 @@ def _window_fn():
     return window.window_seq_lens_and_block_table
 
 
+def _per_token_args(call: torch.fx.Node, spec: AttentionOpSpec
+                    ) -> Optional[PerTokenWindowArgs]:
+    """The spec's per-token arguments if this call gets the per-token form
+    (a constant ``causal=True``), else None. A call that already carries a
+    window of its own is an error: the pass cannot combine two windows."""
+    args = spec.per_token_window
+    if args is None:
+        return None
+    own = get_arg(call, spec.arg_index(args.window_size), args.window_size)
+    if own is not None:
+        raise ValueError(f"{call.name} ({spec.op}) already has window_size={own!r}: the "
+                         "draft window cannot be combined with a window of the call's own")
+    causal = get_arg(call, spec.arg_index(args.causal), args.causal)
+    return args if causal is True else None
+
+
+def _causal_window(seq_lens, block_table, query_start_loc, query, *, window_fn, window_size,
+                   block_size, future_offset):
+    """The per-token window code; ``query``'s token count bounds every q_len
+    (traced as ``sym_size`` when symbolic)."""
+    return window_fn(seq_lens, block_table, query_start_loc, window_size, block_size,
+                     future_offset, max_query_len=query.shape[0])
+
+
+def _causal_window_fn():
+    """Packed on torch >= 2.14, three tensors before (see ``_window_fn``)."""
+    if TorchVersion(torch.__version__) >= "2.14":
+        return window.causal_window_metadata_packed
+    return window.causal_window_metadata
+
+
 def _window_bound(graph: torch.fx.Graph, call: torch.fx.Node, bound: Any, window_size: int,
-                  block_size: int, future_offset: int) -> Optional[Any]:
-    """``min(bound, W - K + b - 1)`` for an int or a SymInt-valued node; None: leave it."""
-    cap = window.windowed_len_bound(window_size, block_size, future_offset)
+                  block_size: int, future_offset: int, max_query_len: Any = 1) -> Optional[Any]:
+    """``min(bound, W - K + b - 2 + max_query_len)`` for an int or a SymInt-valued
+    node; None: leave it (also when ``max_query_len`` is symbolic: a bound of
+    seq_lens still bounds the windowed lengths)."""
+    if not isinstance(max_query_len, int):
+        return None
+    cap = window.windowed_len_bound(window_size, block_size, future_offset, max_query_len)
     if isinstance(bound, int) and not isinstance(bound, bool):
         return min(bound, cap)
     if isinstance(bound, torch.fx.Node) and isinstance(bound.meta.get("val"), torch.SymInt):
