@@ -63,17 +63,9 @@ def bench_ms(fn: Callable[[], object]) -> float:
 
 def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     """Warm up on a side stream, then capture ``fn`` (fails on a host sync)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
+    from dspark_compile.tools.cuda_graphs import capture_cuda_graph
+
+    return capture_cuda_graph(fn)[0]
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -45,15 +45,9 @@ def log(msg: str) -> None:
 def graph_ms(fn) -> float:
     from triton.testing import do_bench
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    from dspark_compile.tools.cuda_graphs import capture_cuda_graph
+
+    graph, _ = capture_cuda_graph(fn)
     return float(do_bench(graph.replay, warmup=10, rep=60, return_mode="median"))
 
 

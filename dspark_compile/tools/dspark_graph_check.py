@@ -21,6 +21,7 @@ from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref, noncaus
 from dspark_compile.models import make_paged_batch
 from dspark_compile.models.dspark_draft import (DSparkDraftConfig, DSparkReferenceDraft,
                                                 random_latent_caches)
+from dspark_compile.tools.cuda_graphs import capture_cuda_graph
 
 
 def _positions_and_slots(table: torch.Tensor, seq_lens: Sequence[int], q_len: int,
@@ -76,15 +77,7 @@ def check_draft_step_graph(cfg: DSparkDraftConfig, window: int, block_size: int,
     errors = []
     with torch.no_grad():
         set_step(step_seq_lens[0])
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                compiled(*args())
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = compiled(*args())
+        graph, out = capture_cuda_graph(lambda: compiled(*args()))
         for seq_lens in step_seq_lens:
             set_step(seq_lens)
             before = [c.cpu() for c in static["caches"]]
