@@ -36,6 +36,9 @@ class DraftWindowConfig:
             cache shape of each attention call.
         deepseek_v4_target: the DSpark draft was trained natively with a
             DeepSeek-V4 target (already long-context stable): warns.
+        draft_sink_size: S, attention-sink tokens: the first ``ceil(S / b)``
+            KV blocks stay visible beside the window (StreamingLLM style);
+            0 (default) is the window alone. Needs the window on.
     """
 
     draft_window_size: Optional[int] = None
@@ -44,6 +47,7 @@ class DraftWindowConfig:
     future_offset: Optional[int] = None
     block_size: Optional[int] = None
     deepseek_v4_target: bool = False
+    draft_sink_size: int = 0
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS)
@@ -62,6 +66,13 @@ class DraftWindowConfig:
             raise ValueError(
                 f"deepseek_v4_target={self.deepseek_v4_target!r} is invalid: expected a bool"
             )
+        check_int("draft_sink_size", self.draft_sink_size, 0,
+                  "a non-negative int (0: no attention sinks)")
+        if self.draft_sink_size and self.draft_window_size is None and self.method != "mtp":
+            raise ValueError(
+                f"draft_sink_size={self.draft_sink_size} is invalid without a window: "
+                "attention sinks are kept beside the draft window; set draft_window_size "
+                "too, or draft_sink_size=0")
         if self.method == "mtp" and self.draft_window_size is not None:
             logger.warning(
                 "draft_window_size=%d ignored: method='mtp' reuses the target's own "
@@ -69,6 +80,7 @@ class DraftWindowConfig:
                 self.draft_window_size,
             )
             object.__setattr__(self, "draft_window_size", None)
+            object.__setattr__(self, "draft_sink_size", 0)
         if self.enabled and self.method == "dspark" and self.deepseek_v4_target:
             logger.warning(
                 "draft_window_size=%d with a DSpark draft trained natively with a "

@@ -33,6 +33,9 @@ def test_off_by_default():
     ("future_offset", -1, "non-negative int"),
     ("block_size", 0, "positive int"),
     ("deepseek_v4_target", "yes", "a bool"),
+    ("draft_sink_size", -1, "non-negative int"),
+    ("draft_sink_size", 1.5, "non-negative int"),
+    ("draft_sink_size", True, "non-negative int"),
 ])
 def test_bad_values_name_field_value_and_allowed(field, value, allowed):
     kwargs = {"draft_window_size": 64, field: value}
@@ -64,3 +67,16 @@ def test_dspark_with_deepseek_v4_target_warns(caplog):
 def test_from_mapping_rejects_unknown_keys():
     with pytest.raises(ValueError, match=r"unknown draft-window option\(s\) \['window'\].*draft_window_size"):
         DraftWindowConfig.from_mapping({"window": 8})
+
+
+def test_sink_size_defaults_to_zero_and_needs_the_window():
+    assert DraftWindowConfig(draft_window_size=64).draft_sink_size == 0
+    with pytest.raises(ValueError, match="draft_sink_size=16 is invalid without a window"):
+        DraftWindowConfig(draft_sink_size=16)
+
+
+def test_sink_size_is_part_of_the_hashed_config():
+    plain, sinks = DraftWindowConfig(draft_window_size=64), \
+        DraftWindowConfig(draft_window_size=64, draft_sink_size=16)
+    assert plain.as_dict()["draft_sink_size"] == 0 and sinks.as_dict()["draft_sink_size"] == 16
+    assert plain != sinks and hash(plain) != hash(sinks)
