@@ -17,7 +17,22 @@ from the window of ONE anchor query::
     start_block  = start // b
     needed       = ceil(windowed_len / b)              # <= max_window_blocks(W, b, max_q_len)
 
-With one query (decode) both anchors coincide. In the causal form the attention
+With one query (decode) both anchors coincide.
+
+Attention sinks (``sink_size`` S, default 0): the first ``nsink = ceil(S / b)``
+blocks (``S_b = nsink * b`` tokens) stay visible beside the window. Per request
+``kept = min(nsink, start_block)`` sink blocks are put in front of the window's
+blocks, so a window that already starts inside the sinks reads no block twice::
+
+    windowed_len = kept * b + seq_lens - start
+    needed       = kept + ceil((seq_lens - start) / b)
+    table column c -> full column c            (c <  kept)
+                      start_block + c - kept   (c >= kept)
+
+``start`` stays the absolute position of the window's first key; table token
+t is at absolute position t (t < kept * b), else ``start + t - kept * b``.
+A query at p then sees keys j with ``j <= p`` (causal) and
+``j < S_b or j >= lo(p)``. In the causal form the attention
 kernel applies each later query's own ``lo(p)`` itself (``dspark.paged_attention``'s
 ``kv_offset`` / ``window_size`` / ``future_offset`` arguments); ``lo`` never
 decreases with p, so the anchor's window covers every query of the block.
@@ -42,8 +57,22 @@ from dspark_compile.validation import check_int
 IntLike = Union[int, torch.SymInt]  # a token count may be symbolic under dynamic shapes
 
 
-def max_window_blocks(window_size: int, block_size: int, max_query_len: IntLike = 1) -> IntLike:
-    """Width of the windowed block table: ``ceil((W + max_query_len - 1) / b) + 1``.
+def sink_blocks(sink_size: int, block_size: int) -> int:
+    """Sink blocks ``ceil(S / b)`` (S = ``sink_size`` tokens, rounded up to blocks)."""
+    check_int("sink_size", sink_size, 0, "a non-negative int (0: no attention sinks)")
+    check_int("block_size", block_size)
+    return -(-sink_size // block_size)
+
+
+def sink_tokens(sink_size: int, block_size: int) -> int:
+    """``S_b = ceil(S / b) * b``: the sink tokens, whole blocks."""
+    return sink_blocks(sink_size, block_size) * block_size
+
+
+def max_window_blocks(window_size: int, block_size: int, max_query_len: IntLike = 1,
+                      sink_size: int = 0) -> IntLike:
+    """Width of the windowed block table: ``ceil((W + max_query_len - 1) / b) + 1``
+    plus ``ceil(S / b)`` sink blocks.
 
     ``max_query_len`` (default 1: decode and non-causal windows) bounds every
     causal query block's length. With 1 this is ``ceil(W / b) + 1``, which
@@ -55,20 +84,24 @@ def max_window_blocks(window_size: int, block_size: int, max_query_len: IntLike 
     check_int("window_size", window_size)
     check_int("block_size", block_size)
     _check_query_bound(max_query_len)
-    return (window_size + max_query_len - 2 + block_size) // block_size + 1
+    return ((window_size + max_query_len - 2 + block_size) // block_size + 1
+            + sink_blocks(sink_size, block_size))
 
 
 def windowed_len_bound(window_size: int, block_size: int, future_offset: int = 0,
-                       max_query_len: IntLike = 1) -> IntLike:
-    """Largest possible ``windowed_len``: ``W - K + b - 2 + max_query_len``
-    (``W - K + b - 1`` for decode and non-causal windows)."""
-    return window_size - future_offset + block_size - 2 + max_query_len
+                       max_query_len: IntLike = 1, sink_size: int = 0) -> IntLike:
+    """Largest possible ``windowed_len``: ``W - K + b - 2 + max_query_len`` plus
+    ``S_b`` sink tokens (``W - K + b - 1`` for decode and non-causal windows)."""
+    return (window_size - future_offset + block_size - 2 + max_query_len
+            + sink_tokens(sink_size, block_size))
 
 
 def window_upper_bound(bound: int, window_size: int, block_size: int,
-                       future_offset: int = 0, max_query_len: int = 1) -> int:
+                       future_offset: int = 0, max_query_len: int = 1,
+                       sink_size: int = 0) -> int:
     """Window a scalar upper bound of seq_lens (e.g. ``max_seq_len``)."""
-    return min(bound, windowed_len_bound(window_size, block_size, future_offset, max_query_len))
+    return min(bound, windowed_len_bound(window_size, block_size, future_offset, max_query_len,
+                                         sink_size))
 
 
 def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:
@@ -78,28 +111,37 @@ def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class WindowBounds:
-    """Per-request window, all ``[num_reqs]`` tensors of ``seq_lens``' dtype."""
+    """Per-request window, all ``[num_reqs]`` tensors of ``seq_lens``' dtype.
+
+    ``start``/``start_block``: the window's first key (absolute), block aligned;
+    ``windowed_len``/``needed``: tokens/blocks of the windowed table, sinks
+    included; ``kept_sinks``: sink blocks in front of the window (``None``
+    without sinks).
+    """
 
     start: torch.Tensor
     windowed_len: torch.Tensor
     start_block: torch.Tensor
     needed: torch.Tensor
+    kept_sinks: Optional[torch.Tensor] = None
 
 
 def compute_window(seq_lens: torch.Tensor, window_size: int, block_size: int,
                    future_offset: int = 0, query_lens: Optional[torch.Tensor] = None,
-                   max_query_len: IntLike = 1) -> WindowBounds:
+                   max_query_len: IntLike = 1, sink_size: int = 0) -> WindowBounds:
     """Window bounds for ``seq_lens`` (``[num_reqs]`` int tensor, any device).
 
     ``query_lens`` None: the window of each request's last position (decode,
     non-causal blocks). ``query_lens [R]`` (causal blocks): the window of each
     request's first query, at ``seq_len - max(q_len, 1)`` (an empty request
     gets the decode window). ``max_query_len`` must bound every ``q_len``: it
-    sizes ``max_window_blocks``, which caps ``needed``.
+    sizes ``max_window_blocks``, which caps ``needed``. ``sink_size`` S: the
+    first ``ceil(S / b)`` blocks stay visible (module docstring).
     """
     check_int("window_size", window_size)
     check_int("block_size", block_size)
     check_int("future_offset", future_offset, 0)
+    nsink = sink_blocks(sink_size, block_size)
     anchor_end = seq_lens  # position + 1 of the query whose window is taken
     if query_lens is not None:
         extra = torch.clamp(query_lens, min=1) - 1
@@ -109,16 +151,32 @@ def compute_window(seq_lens: torch.Tensor, window_size: int, block_size: int,
     start_block = torch.div(shifted, block_size, rounding_mode="floor")
     start = start_block * block_size
     windowed_len = seq_lens - start
+    window_blocks = torch.div(windowed_len + (block_size - 1), block_size, rounding_mode="floor")
+    kept = None
+    if nsink:
+        kept = torch.clamp(start_block, max=nsink)
+        windowed_len = kept * block_size + windowed_len
+        window_blocks = kept + window_blocks
     needed = torch.clamp(
-        torch.div(windowed_len + (block_size - 1), block_size, rounding_mode="floor"),
-        max=max_window_blocks(window_size, block_size, max_query_len),
-    )
-    return WindowBounds(start, windowed_len, start_block, needed)
+        window_blocks, max=max_window_blocks(window_size, block_size, max_query_len, sink_size))
+    return WindowBounds(start, windowed_len, start_block, needed, kept)
+
+
+def table_columns(cols: torch.Tensor, start_block: torch.Tensor,
+                  kept_sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    """Full-table column of windowed column ``cols`` (broadcasting): ``start_block
+    + cols``, or with sinks ``cols`` for ``cols < kept_sinks`` and
+    ``start_block - kept_sinks + cols`` after them."""
+    if kept_sinks is None:
+        return start_block + cols
+    return cols + (cols >= kept_sinks).to(cols.dtype) * (start_block - kept_sinks)
 
 
 def gather_window_block_table(block_table: torch.Tensor, start_block: torch.Tensor,
-                              needed: torch.Tensor, num_window_blocks: int) -> torch.Tensor:
-    """Columns ``start_block[i] + [0, num_window_blocks)`` of ``block_table``.
+                              needed: torch.Tensor, num_window_blocks: int,
+                              kept_sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Columns ``start_block[i] + [0, num_window_blocks)`` of ``block_table``,
+    after ``kept_sinks[i]`` leading sink columns ``[0, kept_sinks[i])`` when given.
 
     Returns a new ``[num_reqs, num_window_blocks]`` table of ``block_table``'s
     dtype; columns at or past ``needed[i]`` or past the full table's width
@@ -128,7 +186,8 @@ def gather_window_block_table(block_table: torch.Tensor, start_block: torch.Tens
     if width == 0:
         return block_table.new_zeros((num_reqs, num_window_blocks))
     cols = torch.arange(num_window_blocks, device=block_table.device, dtype=start_block.dtype)
-    index = start_block.unsqueeze(1) + cols.unsqueeze(0)
+    index = table_columns(cols.unsqueeze(0), start_block.unsqueeze(1),
+                          None if kept_sinks is None else kept_sinks.unsqueeze(1))
     valid = torch.logical_and(cols.unsqueeze(0) < needed.unsqueeze(1), index < width)
     safe_index = torch.clamp(index, min=0, max=width - 1).to(torch.int64)
     gathered = torch.gather(block_table, 1, safe_index)
@@ -137,18 +196,20 @@ def gather_window_block_table(block_table: torch.Tensor, start_block: torch.Tens
 
 def window_seq_lens_and_block_table(
     seq_lens: torch.Tensor, block_table: torch.Tensor, window_size: int, block_size: int,
-    future_offset: int = 0,
+    future_offset: int = 0, sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(windowed_len, windowed_block_table)`` for one (seq_lens, block_table) pair."""
-    bounds = compute_window(seq_lens, window_size, block_size, future_offset)
-    table = gather_window_block_table(block_table, bounds.start_block, bounds.needed,
-                                      max_window_blocks(window_size, block_size))
+    bounds = compute_window(seq_lens, window_size, block_size, future_offset,
+                            sink_size=sink_size)
+    table = gather_window_block_table(
+        block_table, bounds.start_block, bounds.needed,
+        max_window_blocks(window_size, block_size, sink_size=sink_size), bounds.kept_sinks)
     return bounds.windowed_len, table
 
 
 def window_seq_lens_and_block_table_packed(
     seq_lens: torch.Tensor, block_table: torch.Tensor, window_size: int, block_size: int,
-    future_offset: int = 0,
+    future_offset: int = 0, sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same values as ``window_seq_lens_and_block_table``, as contiguous views
     of ONE flat buffer ``[R * max_window_blocks + R]`` (table rows, then the
@@ -157,13 +218,15 @@ def window_seq_lens_and_block_table_packed(
     """
     if block_table.dtype != seq_lens.dtype or block_table.shape[1] == 0:
         return window_seq_lens_and_block_table(seq_lens, block_table, window_size, block_size,
-                                               future_offset)
-    return _packed_window(seq_lens, block_table, window_size, block_size, future_offset)
+                                               future_offset, sink_size)
+    return _packed_window(seq_lens, block_table, window_size, block_size, future_offset,
+                          sink_size)
 
 
 def causal_window_metadata(
     seq_lens: torch.Tensor, block_table: torch.Tensor, query_start_loc: torch.Tensor,
     window_size: int, block_size: int, future_offset: int = 0, *, max_query_len: IntLike,
+    sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(windowed_len, windowed_block_table, kv_offset)`` for causal query blocks.
 
@@ -175,18 +238,24 @@ def causal_window_metadata(
     kv_offset=kv_offset, window_size=W, future_offset=K)``). The table has
     ``max_window_blocks(W, b, max_query_len)`` columns; ``max_query_len`` must
     bound every ``q_len`` (the window pass uses the graph's token count).
+    With sinks (``sink_size`` S) the table holds ``min(ceil(S/b), start/b)``
+    sink blocks before the window; ``kv_offset`` is still the window's first
+    key, and the kernel (given the same S) maps table tokens to positions.
     """
     _check_query_lens_bound(query_start_loc, max_query_len)
     bounds = compute_window(seq_lens, window_size, block_size, future_offset,
-                            query_lens=query_lens(query_start_loc), max_query_len=max_query_len)
-    table = gather_window_block_table(block_table, bounds.start_block, bounds.needed,
-                                      max_window_blocks(window_size, block_size, max_query_len))
+                            query_lens=query_lens(query_start_loc), max_query_len=max_query_len,
+                            sink_size=sink_size)
+    table = gather_window_block_table(
+        block_table, bounds.start_block, bounds.needed,
+        max_window_blocks(window_size, block_size, max_query_len, sink_size), bounds.kept_sinks)
     return bounds.windowed_len, table, bounds.start
 
 
 def causal_window_metadata_packed(
     seq_lens: torch.Tensor, block_table: torch.Tensor, query_start_loc: torch.Tensor,
     window_size: int, block_size: int, future_offset: int = 0, *, max_query_len: IntLike,
+    sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same values as ``causal_window_metadata``, as contiguous views of ONE flat
     buffer ``[2R + R * max_window_blocks]`` (lengths, offsets, table rows) from a
@@ -194,16 +263,17 @@ def causal_window_metadata_packed(
     """
     if block_table.dtype != seq_lens.dtype or block_table.shape[1] == 0:
         return causal_window_metadata(seq_lens, block_table, query_start_loc, window_size,
-                                      block_size, future_offset, max_query_len=max_query_len)
+                                      block_size, future_offset, max_query_len=max_query_len,
+                                      sink_size=sink_size)
     _check_query_lens_bound(query_start_loc, max_query_len)
     return _packed_causal_window(seq_lens, block_table, query_start_loc, window_size,
-                                 block_size, future_offset, max_query_len)
+                                 block_size, future_offset, max_query_len, sink_size)
 
 
-def _packed_window(seq_lens, block_table, window_size, block_size, future_offset):
+def _packed_window(seq_lens, block_table, window_size, block_size, future_offset, sink_size):
     """The packed per-request form: one flat iota over [table rows | lengths]."""
     num_reqs, width = block_table.shape[0], block_table.shape[1]
-    num_window_blocks = max_window_blocks(window_size, block_size)
+    num_window_blocks = max_window_blocks(window_size, block_size, sink_size=sink_size)
     table_numel = num_reqs * num_window_blocks
     flat = torch.arange(table_numel + num_reqs, device=block_table.device)
     in_table = flat < table_numel
@@ -211,8 +281,8 @@ def _packed_window(seq_lens, block_table, window_size, block_size, future_offset
     row = torch.where(in_table, row_in_table, flat - table_numel)
     col = flat - row_in_table * num_window_blocks
     bounds = compute_window(torch.gather(seq_lens, 0, row), window_size, block_size,
-                            future_offset)
-    index = bounds.start_block + col
+                            future_offset, sink_size=sink_size)
+    index = table_columns(col, bounds.start_block, bounds.kept_sinks)
     valid = torch.logical_and(
         torch.logical_and(in_table, col < bounds.needed), index < width)
     safe_index = torch.clamp(index, min=0, max=width - 1)
@@ -226,7 +296,7 @@ def _packed_window(seq_lens, block_table, window_size, block_size, future_offset
 
 
 def _packed_causal_window(seq_lens, block_table, query_start_loc, window_size, block_size,
-                          future_offset, max_query_len):
+                          future_offset, max_query_len, sink_size):
     """The packed per-token form: one flat iota over [lengths | offsets | table rows].
 
     The vectors come first: with the table first, Inductor (torch 2.14, CPU)
@@ -234,7 +304,7 @@ def _packed_causal_window(seq_lens, block_table, query_start_loc, window_size, b
     (measured 2026-11-30).
     """
     num_reqs, width = block_table.shape[0], block_table.shape[1]
-    num_window_blocks = max_window_blocks(window_size, block_size, max_query_len)
+    num_window_blocks = max_window_blocks(window_size, block_size, max_query_len, sink_size)
     vectors = 2 * num_reqs
     flat = torch.arange(vectors + num_reqs * num_window_blocks, device=block_table.device)
     in_vectors = flat < vectors
@@ -245,8 +315,9 @@ def _packed_causal_window(seq_lens, block_table, query_start_loc, window_size, b
     col = table_flat - row_in_table * num_window_blocks      # in [0, cols) everywhere
     q_lens = torch.gather(query_start_loc, 0, row + 1) - torch.gather(query_start_loc, 0, row)
     bounds = compute_window(torch.gather(seq_lens, 0, row), window_size, block_size,
-                            future_offset, query_lens=q_lens, max_query_len=max_query_len)
-    index = bounds.start_block + col
+                            future_offset, query_lens=q_lens, max_query_len=max_query_len,
+                            sink_size=sink_size)
+    index = table_columns(col, bounds.start_block, bounds.kept_sinks)
     valid = torch.logical_and(col < bounds.needed, index < width)
     safe_index = torch.clamp(index, min=0, max=width - 1)
     table_values = torch.gather(block_table.reshape(-1), 0, row * width + safe_index)
@@ -259,9 +330,30 @@ def _packed_causal_window(seq_lens, block_table, query_start_loc, window_size, b
 
 
 def window_seq_lens(seq_lens: torch.Tensor, window_size: int, block_size: int,
-                    future_offset: int = 0) -> torch.Tensor:
+                    future_offset: int = 0, sink_size: int = 0) -> torch.Tensor:
     """Windowed lengths only (for host mirrors such as ``seq_lens_cpu``)."""
-    return compute_window(seq_lens, window_size, block_size, future_offset).windowed_len
+    return compute_window(seq_lens, window_size, block_size, future_offset,
+                          sink_size=sink_size).windowed_len
+
+
+def table_token_positions(table_tokens: torch.Tensor, kv_offset: torch.Tensor,
+                          sink_size: int, block_size: int) -> torch.Tensor:
+    """Absolute position of windowed-table token ``t`` (broadcasting): ``t`` for
+    the ``min(S_b, kv_offset)`` kept sink tokens, else ``kv_offset + t - kept``."""
+    kept = torch.clamp(kv_offset, max=sink_tokens(sink_size, block_size))
+    return torch.where(table_tokens < kept, table_tokens, table_tokens + (kv_offset - kept))
+
+
+def key_visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window_size: int,
+                block_size: int, future_offset: int = 0, sink_size: int = 0) -> torch.Tensor:
+    """The window rule by position (broadcasting, no causality): ``j >= lo(p)``
+    or ``j < S_b``, with ``lo(p) = floor(max(p + 1 + K - W, 0) / b) * b``."""
+    shifted = torch.clamp(query_pos + (1 + future_offset - window_size), min=0)
+    lo = torch.div(shifted, block_size, rounding_mode="floor") * block_size
+    visible = key_pos >= lo
+    if sink_size:
+        visible = torch.logical_or(visible, key_pos < sink_tokens(sink_size, block_size))
+    return visible
 
 
 def _check_query_lens_bound(query_start_loc: torch.Tensor, max_query_len: IntLike) -> None:

@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from dspark_compile.arithmetic.window import key_visible, table_token_positions
+
 
 def paged_attention_ref(
     query: torch.Tensor,
@@ -25,6 +27,7 @@ def paged_attention_ref(
     kv_offset: Optional[torch.Tensor] = None,
     window_size: Optional[int] = None,
     future_offset: int = 0,
+    sink_size: int = 0,
 ) -> torch.Tensor:
     """Paged attention over a block-table KV cache.
 
@@ -42,9 +45,14 @@ def paged_attention_ref(
       floor(max(p + 1 + K - W, 0) / b) * b`` (b = the cache's block size).
       Causal queries use their own p; non-causal queries all use the last
       position of their request (every query of a block sees the same keys).
-    - ``kv_offset [R]`` is the absolute position of table token 0 (default 0):
-      absolute position = ``kv_offset[i] + t``. A windowed table that starts at
-      ``kv_offset`` then gives the same result as the full table with the same W.
+    - ``sink_size`` S (needs W): tokens at absolute positions ``< S_b =
+      ceil(S / b) * b`` stay visible beside the window (attention sinks).
+    - ``kv_offset [R]`` is the absolute position of the window's first table
+      token (default 0): absolute position = ``kv_offset[i] + t``; with sinks
+      the table starts with ``kept = min(S_b, kv_offset[i])`` sink tokens at
+      positions ``0 .. kept - 1`` and token t >= kept is at ``kv_offset[i] + t
+      - kept`` (``arithmetic.window.table_token_positions``). A windowed table
+      then gives the same result as the full table with the same W and S.
     A query that sees no token outputs zeros.
     Math in float32; returns ``[T, Hq, D]`` in ``query``'s dtype.
     """
@@ -53,7 +61,7 @@ def paged_attention_ref(
     if num_heads % num_kv_heads:
         raise ValueError(
             f"query has {num_heads} heads, not a multiple of the cache's {num_kv_heads}")
-    check_window_args(window_size, future_offset)
+    check_window_args(window_size, future_offset, sink_size)
     group = num_heads // num_kv_heads
     out = torch.zeros(num_tokens, num_heads, value_cache.shape[-1],
                       dtype=torch.float32, device=query.device)
@@ -85,8 +93,11 @@ def paged_attention_ref(
             visible = visible & (kv_pos.unsqueeze(0) <= q_pos.unsqueeze(1))
         if window_size is not None:
             anchor = q_pos if causal else torch.full_like(q_pos, seq_len - 1)
-            lo = window_lower_bound(anchor + offsets[i], window_size, block_size, future_offset)
-            visible = visible & (kv_pos.unsqueeze(0) + offsets[i] >= lo.unsqueeze(1))
+            offset = torch.tensor(offsets[i], device=query.device)
+            key_abs = table_token_positions(kv_pos, offset, sink_size, block_size)
+            query_abs = table_token_positions(anchor, offset, sink_size, block_size)
+            visible = visible & key_visible(key_abs.unsqueeze(0), query_abs.unsqueeze(1),
+                                            window_size, block_size, future_offset, sink_size)
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)       # all-masked rows -> 0
         out[q_begin:q_end] = torch.matmul(probs, v).transpose(0, 1)
@@ -101,9 +112,11 @@ def window_lower_bound(position: torch.Tensor, window_size: int, block_size: int
     return torch.div(shifted, block_size, rounding_mode="floor") * block_size
 
 
-def check_window_args(window_size: Optional[int], future_offset: int) -> None:
-    """ValueError unless ``window_size`` is None or a positive int and ``future_offset``
-    an int in ``[0, window_size)`` (0 without a window)."""
+def check_window_args(window_size: Optional[int], future_offset: int,
+                      sink_size: int = 0) -> None:
+    """ValueError unless ``window_size`` is None or a positive int, ``future_offset``
+    an int in ``[0, window_size)`` (0 without a window) and ``sink_size`` an int
+    >= 0 (0 without a window)."""
     if window_size is not None and (not isinstance(window_size, int)
                                     or isinstance(window_size, bool) or window_size <= 0):
         raise ValueError(f"window_size={window_size!r} is invalid: expected None or a "
@@ -113,6 +126,10 @@ def check_window_args(window_size: Optional[int], future_offset: int) -> None:
             not 0 <= future_offset < limit:
         raise ValueError(f"future_offset={future_offset!r} is invalid: expected an int in "
                          f"[0, {limit}) (0 without a window_size)")
+    if not isinstance(sink_size, int) or isinstance(sink_size, bool) or sink_size < 0 or \
+            (sink_size and window_size is None):
+        raise ValueError(f"sink_size={sink_size!r} is invalid: expected an int >= 0 "
+                         "(0 without a window_size)")
 
 
 def reshape_and_cache_ref(

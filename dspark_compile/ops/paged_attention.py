@@ -29,24 +29,28 @@ def paged_attention(
     kv_offset: Optional[torch.Tensor] = None,
     window_size: Optional[int] = None,
     future_offset: int = 0,
+    sink_size: int = 0,
 ) -> torch.Tensor:
     """Attention of ``query [T, Hq, D]`` over a paged KV cache; returns ``[T, Hq, D]``.
 
     ``window_size`` W / ``future_offset`` K: the per-token draft window, a query
     at absolute position p sees keys ``>= floor(max(p + 1 + K - W, 0) / b) * b``;
-    ``kv_offset [R]``: the absolute position of the block table's first token.
+    ``kv_offset [R]``: the absolute position of the window's first table token;
+    ``sink_size`` S: keys ``< ceil(S / b) * b`` stay visible (attention sinks;
+    the table then starts with the kept sink blocks).
     Semantics: ``dspark_compile.kernels.paged_attention.paged_attention_ref``.
     """
     return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
                                query_start_loc, scale, causal, kv_offset=kv_offset,
-                               window_size=window_size, future_offset=future_offset)
+                               window_size=window_size, future_offset=future_offset,
+                               sink_size=sink_size)
 
 
 @paged_attention.register_fake
 def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
                           query_start_loc, scale, causal, kv_offset=None, window_size=None,
-                          future_offset=0):
-    check_window_args(window_size, future_offset)
+                          future_offset=0, sink_size=0):
+    check_window_args(window_size, future_offset, sink_size)
     return query.new_empty(query.shape[0], query.shape[1], value_cache.shape[-1])
 
 
@@ -71,12 +75,16 @@ def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
 @paged_attention.register_kernel("cuda")
 def _paged_attention_cuda(query, key_cache, value_cache, block_table, seq_lens,
                           query_start_loc, scale, causal, kv_offset=None, window_size=None,
-                          future_offset=0):
+                          future_offset=0, sink_size=0):
     """CUDA: the split-KV Triton kernel (``kernels.paged_attention_triton``); the
     torch reference for dtypes/layouts it does not handle."""
     from dspark_compile.kernels import paged_attention_triton as kernel
 
     window = dict(kv_offset=kv_offset, window_size=window_size, future_offset=future_offset)
+    if sink_size:  # the Triton kernel has no sink mapping yet: the reference
+        kernel.warn_fallback(f"sink_size={sink_size}")
+        return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
+                                   query_start_loc, scale, causal, sink_size=sink_size, **window)
     if kernel.supports(query, key_cache, value_cache):
         return kernel.paged_attention_triton(query, key_cache, value_cache, block_table,
                                              seq_lens, query_start_loc, scale, causal,
