@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 import dspark_compile
 from dspark_compile import DraftWindowConfig
-from dspark_compile.arithmetic.index_width import causal_width, noncausal_width, sink_tokens
+from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
 from dspark_compile.kernels import sparse_mla as ref
 from dspark_compile.kernels import sparse_mla_triton as tri
 from dspark_compile.models import make_paged_batch
@@ -205,7 +205,6 @@ def test_triton_flags_sink_overflow(noncausal):
 
 
 def test_width_rule_values_and_arguments():
-    assert sink_tokens(0, 16) == 0 and sink_tokens(1, 16) == 16 and sink_tokens(32, 16) == 32
     assert noncausal_width(100, 10) == noncausal_width(100, 10, 0) == 128
     assert noncausal_width(100, 10, 1, 16) == 128 and noncausal_width(100, 10, 30, 16) == 256
     assert causal_width(128) == causal_width(128, 0, None) == 128
@@ -224,7 +223,7 @@ def test_width_rule_values_and_arguments():
 def test_width_rule_never_overflows_and_is_tight(window, max_q, sinks, block, data):
     """Random requests (q_len <= max_q) fit the rule's width; the worst case (a window
     starting past the sinks, q_len = max_q) does not fit one 128 narrower."""
-    sink_end = sink_tokens(sinks, block)
+    sink_end = math.ceil(sinks / block) * block
     num = data.draw(st.integers(1, 3))
     q_lens = [data.draw(st.integers(0, max_q)) for _ in range(num)] + [max_q]
     seq_lens = [q + data.draw(st.integers(0, sink_end + window + 20)) for q in q_lens[:-1]]
@@ -402,3 +401,21 @@ def test_pass_uuid_depends_on_the_sinks():
     uuids = {DSparkNonCausalIndexPass(DraftWindowConfig(
         method="dspark", draft_window_size=16, draft_sink_size=s)).uuid() for s in (0, 4, 8)}
     assert len(uuids) == 3
+
+
+def test_ascend_check_sinks_insert_no_op_and_flag_the_same_ops():
+    """The torchair route does not lower the index ops (our custom ops, CPU stand-ins
+    there): with sinks the pass inserts nothing, and the post-pass graph holds the
+    same unconvertible ops as without them."""
+    model, batch, caches, hidden = _draft_case([30, 9], [4, 4], seed=8)
+    checks = {}
+    for sinks in (0, 6):
+        options = {"method": "dspark", "draft_window_size": 8, "draft_sink_size": sinks}
+        args = _forward_args(batch, hidden, [c.clone() for c in caches])
+        inserted = dspark_compile.check_ascend(model, *args, options=options,
+                                               inserted_only=True)
+        assert inserted.ok and inserted.num_nodes == 0
+        args = _forward_args(batch, hidden, [c.clone() for c in caches])
+        checks[sinks] = dspark_compile.check_ascend(model, *args, options=options)
+    assert set(checks[6].unsupported) == set(checks[0].unsupported)
+    assert "torch.ops.dspark.noncausal_swa_indices.default" in checks[6].unsupported

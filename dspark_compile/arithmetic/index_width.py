@@ -19,27 +19,22 @@ WIDTH_RULE = ("non-causal needs ceil((S_b + W + max_q_len) / 128) * 128, causal 
               "ceil((S_b + W) / 128) * 128, S_b = ceil(sink_size / block_size) * block_size")
 
 
-def sink_tokens(sink_size: int, block_size: int) -> int:
-    """``S_b = ceil(S / b) * b``: the attention-sink prefix in whole blocks (0 for S = 0)."""
-    check_int("sink_size", sink_size, 0, "a non-negative int (0: no attention sinks)")
-    check_int("block_size", block_size, 1)
-    return -(-sink_size // block_size) * block_size
-
-
 def _sinks(sink_size: int, block_size: Optional[int]) -> int:
+    """``S_b = ceil(S / b) * b``: the attention-sink prefix in whole blocks (0 for S = 0)."""
     check_int("sink_size", sink_size, 0, "a non-negative int (0: no attention sinks)")
     if sink_size == 0:
         return 0
     if block_size is None:
         raise ValueError(f"sink_size={sink_size} needs block_size: the sinks are the first "
                          "ceil(sink_size / block_size) * block_size KV tokens")
-    return sink_tokens(sink_size, block_size)
+    check_int("block_size", block_size, 1)
+    return -(-sink_size // block_size) * block_size
 
 
 def noncausal_width(window_size: int, max_query_len: int, sink_size: int = 0,
                     block_size: Optional[int] = None) -> int:
     """Index width of the non-causal form: ``ceil((S_b + W + max_q_len) / 128) * 128``
-    (>= 128), ``S_b = sink_tokens(sink_size, block_size)`` (``block_size`` is needed
+    (>= 128), ``S_b = ceil(sink_size / block_size) * block_size`` (``block_size`` is needed
     only when ``sink_size > 0``)."""
     check_int("window_size", window_size, 1)
     check_int("max_query_len", max_query_len, 0)
