@@ -82,7 +82,7 @@ def test_compiled_dspark_equals_eager_noncausal_reference(lowering, window):
     [record] = [r for r in dspark_compile.pass_records()
                 if r.pass_name == "dspark_noncausal_indices"]
     assert record.stats == {"index_calls": 1, "rewritten": 1,
-                            "windowed": 0 if window is None else 1}
+                            "windowed": 0 if window is None else 1, "with_sinks": 0}
 
 
 def test_draft_window_bounds_the_context_part():
@@ -124,9 +124,11 @@ def test_pass_on_a_bare_graph_respects_method():
     gm = make_fx(lambda s, q, t, m: torch.ops.dspark.swa_indices(s, q, t, m, 4, 16, 128),
                  tracing_mode="fake")(*args)        # nodes carry meta["val"] like post-grad
     dflash = DSparkNonCausalIndexPass(DraftWindowConfig(method="dflash"))
-    assert dflash.apply(gm.graph) == {"index_calls": 1, "rewritten": 0, "windowed": 0}
+    assert dflash.apply(gm.graph) == {"index_calls": 1, "rewritten": 0, "windowed": 0,
+                                      "with_sinks": 0}
     dspark = DSparkNonCausalIndexPass(DraftWindowConfig(method="dspark"))
-    assert dspark.apply(gm.graph) == {"index_calls": 1, "rewritten": 1, "windowed": 0}
+    assert dspark.apply(gm.graph) == {"index_calls": 1, "rewritten": 1, "windowed": 0,
+                                      "with_sinks": 0}
     gm.recompile()
     got = gm(*args)
     want = noncausal_swa_indices_ref(*args, 4, 16, noncausal_width(16, batch.num_tokens))

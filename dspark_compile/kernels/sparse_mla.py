@@ -15,7 +15,13 @@ position is ``pos = ctx + j``. KV token ``p`` of request r lives at slot
 - non-causal (``noncausal_swa_indices``): every token of the block sees
   ``[max(ctx - W, 0), ctx + q_len)``.
 
-Rows are the visible range in ascending position order, then ``-1``. A token
+Attention sinks (``sink_size`` S, default 0): with that window ``[lo, hi)``
+the token also sees the first ``S_b = ceil(S / b) * b`` KV tokens, i.e.
+``[0, min(S_b, lo)) U [lo, hi)`` (a window starting inside the sinks lists
+nothing twice: the row is ``[0, hi)``). Every token of a non-causal block
+keeps the same row.
+
+Rows are the sink slots in ascending position order, then the window's, then ``-1``. A token
 past ``query_start_loc[-1]`` or with a negative ``slot_mapping`` entry gets an
 all ``-1`` row. A range longer than ``width`` is an error, never truncated.
 """
@@ -26,17 +32,19 @@ import torch
 
 # The width rule lives in arithmetic/; re-exported here for the old import path.
 from dspark_compile.arithmetic.index_width import (  # noqa: F401
-    INDEX_WIDTH_ALIGN, causal_width, noncausal_width)
+    INDEX_WIDTH_ALIGN, WIDTH_RULE, causal_width, noncausal_width)
 from dspark_compile.validation import check_int
 
 
 def check_index_args(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                      block_table: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                     window_size: int, width: int) -> None:
+                     window_size: int, width: int, sink_size: int = 0) -> None:
     """Shapes, dtypes and scalar ranges of the index ops; raises ``ValueError``."""
     check_int("block_size", block_size, 1, allow_symbolic=True)
     check_int("window_size", window_size, 1, allow_symbolic=True)
     check_int("width", width, 1, allow_symbolic=True)
+    check_int("sink_size", sink_size, 0, "a non-negative int (0: no attention sinks)",
+              allow_symbolic=True)
     num_reqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     for name, tensor, dims, dtypes in (
             ("seq_lens", seq_lens, 1, (torch.int32,)),
@@ -84,18 +92,26 @@ def _token_ranges(seq_lens, query_start_loc, block_table, slot_mapping, window_s
 
 
 def _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size, window_size,
-               width, noncausal):
+               width, noncausal, sink_size=0):
     check_index_args(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                     window_size, width)
+                     window_size, width, sink_size)
     req, lo, hi, valid = _token_ranges(seq_lens, query_start_loc, block_table, slot_mapping,
                                        window_size, noncausal)
     span = torch.where(valid, hi - lo, torch.zeros_like(hi))
+    num_sinks = None
+    if sink_size:  # sink_size == 0: exactly the window rows (no extra ops)
+        sink_end = -(-sink_size // block_size) * block_size               # S_b
+        num_sinks = torch.where(valid, torch.clamp(lo, max=sink_end), torch.zeros_like(lo))
+        span = span + num_sinks                                           # min(S_b, lo) more
     _check_fits(span, width, noncausal)
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0 or block_table.shape[1] == 0:
         return torch.full((num_tokens, width), -1, dtype=torch.int32, device=slot_mapping.device)
     cols = torch.arange(width, device=slot_mapping.device, dtype=torch.int64)
     pos = lo.unsqueeze(1) + cols.unsqueeze(0)                              # [T, width]
+    if num_sinks is not None:  # columns [0, num_sinks): positions 0..; then the window
+        sinks = num_sinks.unsqueeze(1)
+        pos = torch.where(cols.unsqueeze(0) < sinks, cols.unsqueeze(0), pos - sinks)
     block_col = torch.div(pos, block_size, rounding_mode="floor")
     visible = (valid.unsqueeze(1) & (pos < hi.unsqueeze(1))
                & (block_col < block_table.shape[1]))
@@ -108,8 +124,8 @@ def _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
 def _check_fits(span: torch.Tensor, width: int, noncausal: bool) -> None:
     """A range longer than ``width`` is an error: host check on CPU, device assert on GPU."""
     form = "non-causal block" if noncausal else "causal window"
-    message = (f"a token's {form} is longer than width={width}: widen the index "
-               f"(non-causal needs ceil((W + max_q_len) / 128) * 128)")
+    message = (f"a token's {form} (with its attention sinks) is longer than width={width}: "
+               f"widen the index ({WIDTH_RULE})")
     if span.numel() == 0:
         return
     if span.device.type == "cpu":
@@ -122,18 +138,19 @@ def _check_fits(span: torch.Tensor, width: int, noncausal: bool) -> None:
 
 def swa_indices_ref(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     block_table: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                    window_size: int, width: int) -> torch.Tensor:
+                    window_size: int, width: int, sink_size: int = 0) -> torch.Tensor:
     """Causal sliding-window KV slot ids ``[T, width]`` int32 (module docstring)."""
     return _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                      window_size, width, noncausal=False)
+                      window_size, width, noncausal=False, sink_size=sink_size)
 
 
 def noncausal_swa_indices_ref(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                               block_table: torch.Tensor, slot_mapping: torch.Tensor,
-                              block_size: int, window_size: int, width: int) -> torch.Tensor:
+                              block_size: int, window_size: int, width: int,
+                              sink_size: int = 0) -> torch.Tensor:
     """DSpark non-causal KV slot ids ``[T, width]`` int32 (module docstring)."""
     return _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                      window_size, width, noncausal=True)
+                      window_size, width, noncausal=True, sink_size=sink_size)
 
 
 def check_sparse_mla_args(query: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,

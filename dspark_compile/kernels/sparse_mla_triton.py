@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark_compile.kernels.sparse_mla import check_index_args, check_sparse_mla_args
+from dspark_compile.kernels.sparse_mla import WIDTH_RULE, check_index_args, check_sparse_mla_args
 
 INDEX_BLOCK = 128
 
@@ -20,8 +20,8 @@ INDEX_BLOCK = 128
 @triton.jit
 def _swa_indices_kernel(seq_lens_ptr, qsl_ptr, block_table_ptr, bt_stride, slot_mapping_ptr,
                         out_ptr, out_stride, overflow_ptr, num_reqs, max_blocks, block_size,
-                        window_size, width, NONCAUSAL: tl.constexpr, BLOCK_R: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        window_size, width, sink_end, NONCAUSAL: tl.constexpr,
+                        HAS_SINKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
     token = tl.program_id(0)
     reqs = tl.arange(0, BLOCK_R)
     ends = tl.load(qsl_ptr + 1 + reqs, mask=reqs < num_reqs, other=2147483647)
@@ -42,12 +42,19 @@ def _swa_indices_kernel(seq_lens_ptr, qsl_ptr, block_table_ptr, bt_stride, slot_
         lo = tl.maximum(q_pos - window_size + 1, 0)
         hi = q_pos + 1
     valid = valid & (hi > lo)
-    if valid & (hi - lo > width):
+    span = hi - lo
+    if HAS_SINKS:  # columns [0, num_sinks) hold positions 0.. (the first S_b tokens)
+        num_sinks = tl.minimum(lo, sink_end)
+        span += num_sinks
+    if valid & (span > width):
         tl.store(overflow_ptr, 1)
     cols = tl.arange(0, BLOCK)
     for start in range(0, width, BLOCK):
         col = start + cols
-        kv_pos = lo + col
+        if HAS_SINKS:
+            kv_pos = tl.where(col < num_sinks, col, lo + col - num_sinks)
+        else:
+            kv_pos = lo + col
         block_col = kv_pos // block_size
         visible = valid & (kv_pos < hi) & (block_col < max_blocks)
         block = tl.load(block_table_ptr + req.to(tl.int64) * bt_stride + block_col,
@@ -58,14 +65,15 @@ def _swa_indices_kernel(seq_lens_ptr, qsl_ptr, block_table_ptr, bt_stride, slot_
 
 
 def launch_index_kernel(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                        window_size, width, noncausal):
+                        window_size, width, noncausal, sink_size=0):
     """Run the index kernel; returns ``(indices [T, width] int32, overflow [1] int32)``.
 
-    ``overflow`` is 1 when some valid token's range is longer than ``width``
-    (its row is then incomplete); nothing is checked here.
+    ``overflow`` is 1 when some valid token's range (sinks included) is longer
+    than ``width`` (its row is then incomplete); nothing is checked here.
+    ``sink_size=0`` compiles the kernel without the sink code.
     """
     check_index_args(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                     window_size, width)
+                     window_size, width, sink_size)
     num_tokens, num_reqs = slot_mapping.shape[0], seq_lens.shape[0]
     device = slot_mapping.device
     out = torch.empty((num_tokens, width), dtype=torch.int32, device=device)
@@ -78,18 +86,19 @@ def launch_index_kernel(seq_lens, query_start_loc, block_table, slot_mapping, bl
     _swa_indices_kernel[(num_tokens,)](
         seq_lens, query_start_loc, table, table.stride(0), slot_mapping, out, out.stride(0),
         overflow, num_reqs, table.shape[1], block_size, window_size, width,
-        NONCAUSAL=noncausal, BLOCK_R=triton.next_power_of_2(max(num_reqs, 1)),
+        -(-sink_size // block_size) * block_size, NONCAUSAL=noncausal,
+        HAS_SINKS=sink_size > 0, BLOCK_R=triton.next_power_of_2(max(num_reqs, 1)),
         BLOCK=INDEX_BLOCK)
     return out, overflow
 
 
 def _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size, window_size,
-             width, noncausal):
+             width, noncausal, sink_size=0):
     out, overflow = launch_index_kernel(seq_lens, query_start_loc, block_table, slot_mapping,
-                                        block_size, window_size, width, noncausal)
+                                        block_size, window_size, width, noncausal, sink_size)
     form = "non-causal block" if noncausal else "causal window"
-    message = (f"a token's {form} is longer than width={width}: widen the index "
-               f"(non-causal needs ceil((W + max_q_len) / 128) * 128)")
+    message = (f"a token's {form} (with its attention sinks) is longer than width={width}: "
+               f"widen the index ({WIDTH_RULE})")
     if overflow.device.type == "cpu":
         if int(overflow) != 0:
             raise ValueError(message)
@@ -99,17 +108,17 @@ def _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size, w
 
 
 def swa_indices_triton(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                       window_size, width):
+                       window_size, width, sink_size=0):
     """Triton ``dspark.swa_indices`` (causal); see ``sparse_mla.swa_indices_ref``."""
     return _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                    window_size, width, noncausal=False)
+                    window_size, width, noncausal=False, sink_size=sink_size)
 
 
 def noncausal_swa_indices_triton(seq_lens, query_start_loc, block_table, slot_mapping,
-                                 block_size, window_size, width):
+                                 block_size, window_size, width, sink_size=0):
     """Triton ``dspark.noncausal_swa_indices``; see ``sparse_mla.noncausal_swa_indices_ref``."""
     return _indices(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                    window_size, width, noncausal=True)
+                    window_size, width, noncausal=True, sink_size=sink_size)
 
 
 @triton.jit

@@ -21,6 +21,7 @@ UPPER_BOUNDS_WINDOWED = "upper_bounds_windowed"
 # The non-causal index pass.
 INDEX_CALLS = "index_calls"                    # dspark.swa_indices calls found
 WINDOWED = "windowed"                          # of the rewritten: W from draft_window_size
+WITH_SINKS = "with_sinks"                      # of the rewritten: rows with attention sinks
 
 # The vLLM pass only.
 TARGET_UNTOUCHED = "target_untouched"
