@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from dspark_compile.arithmetic.window import sink_tokens
 from dspark_compile.validation import check_int
 
 INDEX_WIDTH_ALIGN = 128
@@ -27,8 +28,7 @@ def _sinks(sink_size: int, block_size: Optional[int]) -> int:
     if block_size is None:
         raise ValueError(f"sink_size={sink_size} needs block_size: the sinks are the first "
                          "ceil(sink_size / block_size) * block_size KV tokens")
-    check_int("block_size", block_size, 1)
-    return -(-sink_size // block_size) * block_size
+    return sink_tokens(sink_size, block_size)
 
 
 def noncausal_width(window_size: int, max_query_len: int, sink_size: int = 0,
