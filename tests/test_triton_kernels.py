@@ -68,6 +68,34 @@ def test_paged_attention_matches_reference(causal, seq_lens, q_lens, b, hq, hkv,
     _assert_close(got, paged_attention_ref(*args), dtype)
 
 
+@pytest.mark.parametrize("launch", [
+    dict(exact_tiles=True), dict(heads_first=True), dict(exact_tiles=True, heads_first=True),
+    dict(programs_per_sm=1, min_split_tokens=8), dict(programs_per_sm=64, min_split_tokens=4)])
+@pytest.mark.parametrize("q_lens", [[1, 1, 0, 1, 1], [3, 1, 0, 4, 2]])
+def test_launch_knobs_do_not_change_the_result(launch, q_lens):
+    """The tuning knobs (benchmarks/bench_peer_attention.py --configs) only cut the
+    work differently: decode (q_len 1, where exact_tiles applies) with an empty
+    request, and mixed query blocks (exact_tiles ignored), GQA 4, causal."""
+    batch, q, kc, vc = _batch([37, 9, 0, 64, 3], q_lens, 4, 8, 2, 16, torch.float32, 3)
+    args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.25, True)
+    _assert_close(_run(*args, **launch), paged_attention_ref(*args), torch.float32)
+
+
+def test_launch_knobs_shape_the_grid():
+    gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
+    decode = choose_launch(32, 32, 8, 4, 129, 16, gpu, num_sms=132, exact_tiles=True,
+                           heads_first=True, programs_per_sm=2, min_split_tokens=512)
+    assert decode.grid(32, 32, 8) == (8, 32, decode.num_splits)
+    assert decode.num_splits == 2                     # 2 x 132 programs wanted / 256
+    blocks = choose_launch(32 * 16, 32, 8, 4, 129, 16, gpu, num_sms=132, exact_tiles=True)
+    assert not blocks.exact_tiles and blocks.grid(512, 32, 8) == (64, 8, blocks.num_splits)
+    with pytest.raises(ValueError, match="launch options"):
+        paged_attention_triton(*_batch([5], [1], 4, 2, 1, 16, torch.float32, 1)[1:4],
+                               torch.zeros(1, 2, dtype=torch.int32),
+                               torch.ones(1, dtype=torch.int32),
+                               torch.tensor([0, 1], dtype=torch.int32), 0.3, True, splits=2)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("window,future_offset", [(10, 0), (12, 2), (200, 0)])
 def test_windowed_kernels_match_masked_full_reference(causal, window, future_offset):

@@ -52,14 +52,20 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
+def _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr, EXACT_TILES: tl.constexpr):
     """Request whose tiles contain ``tile``: tiles of request i start at
-    ``query_start_loc[i] // BLOCK_Q + i`` (strictly increasing in i)."""
+    ``query_start_loc[i] // BLOCK_Q + i`` (strictly increasing in i), or, with
+    ``EXACT_TILES`` (only when ``BLOCK_Q == 1``: one tile per query token), at
+    ``query_start_loc[i]`` (the last request starting at or before ``tile`` is
+    the one holding it; empty requests are skipped)."""
     lo = 0
     hi = num_reqs
     while lo < hi:
         mid = (lo + hi) // 2
-        first_tile = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if EXACT_TILES:
+            first_tile = tl.load(qsl_ptr + mid)
+        else:
+            first_tile = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
         if first_tile <= tile:
             lo = mid + 1
         else:
@@ -83,14 +89,22 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
+        kv_head = tl.program_id(0)
+        tile = tl.program_id(1)
+    else:            # grid (tile, KV head, split)
+        tile = tl.program_id(0)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q)
+    req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q, EXACT_TILES)
     q_begin = tl.load(qsl_ptr + req)
     q_len = tl.load(qsl_ptr + req + 1) - q_begin
-    local_tile = tile - (q_begin // BLOCK_Q + req)
+    if EXACT_TILES:
+        local_tile = tile - q_begin
+    else:
+        local_tile = tile - (q_begin // BLOCK_Q + req)
     if local_tile * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + req)
@@ -208,7 +222,13 @@ def _combine_splits_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    """How a call is cut into programs (see the module docstring)."""
+    """How a call is cut into programs (see the module docstring).
+
+    ``exact_tiles``: one query tile per token (only with ``block_q == 1``), so
+    the grid has ``T`` tiles instead of the upper bound ``T // block_q + R``.
+    ``heads_first``: the KV head is the grid's fastest axis (all KV heads of a
+    tile and split are scheduled side by side) instead of the query tile.
+    """
 
     block_q: int
     block_m: int
@@ -217,6 +237,22 @@ class LaunchConfig:
     tokens_per_split: int
     num_warps: int
     num_stages: int
+    exact_tiles: bool = False
+    heads_first: bool = False
+
+    def grid(self, num_tokens: int, num_reqs: int, num_kv_heads: int) -> tuple[int, int, int]:
+        tiles = num_tokens if self.exact_tiles else num_tokens // self.block_q + num_reqs
+        if self.heads_first:
+            return (num_kv_heads, tiles, self.num_splits)
+        return (tiles, num_kv_heads, self.num_splits)
+
+
+# Launch knobs a caller (tests, benchmarks/bench_peer_attention.py --configs) may
+# override; None keeps the heuristic's choice.
+LAUNCH_KNOBS = ("num_splits", "block_n", "num_warps", "num_stages", "programs_per_sm",
+                "min_split_tokens", "exact_tiles", "heads_first")
+DEFAULT_PROGRAMS_PER_SM = 16
+DEFAULT_MIN_SPLIT_TOKENS = 256
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,11 +264,14 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                   table_width: int, block_size: int, device: torch.device,
                   num_splits: Optional[int] = None, block_n: Optional[int] = None,
                   num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                  num_sms: Optional[int] = None) -> LaunchConfig:
+                  num_sms: Optional[int] = None, programs_per_sm: Optional[int] = None,
+                  min_split_tokens: Optional[int] = None, exact_tiles: Optional[bool] = None,
+                  heads_first: Optional[bool] = None) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
-    Splits: enough (query tile x KV head x split) programs for ~16 per SM, each
-    split at least 256 tokens, at most 512 splits.
+    Splits: enough (query tile x KV head x split) programs for ~``programs_per_sm``
+    (16) per SM, each split at least ``min_split_tokens`` (256) tokens, at most 512
+    splits.
     """
     mean_q = max(1, -(-num_tokens // max(num_reqs, 1)))
     block_q = min(triton.next_power_of_2(mean_q), max(1, 64 // group))
@@ -241,16 +280,22 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
     max_kv = max(table_width * block_size, 1)
     if num_splits is None:
         sms = num_sms or (_num_sms(device.index or 0) if device.type == "cuda" else 4)
+        per_sm = programs_per_sm or DEFAULT_PROGRAMS_PER_SM
+        min_tokens = min_split_tokens or DEFAULT_MIN_SPLIT_TOKENS
         programs = max(1, num_reqs * -(-mean_q // block_q) * num_kv_heads)
-        wanted = -(-16 * sms // programs)
-        num_splits = max(1, min(wanted, -(-max_kv // 256), 512))
+        wanted = -(-per_sm * sms // programs)
+        num_splits = max(1, min(wanted, -(-max_kv // min_tokens), 512))
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} is invalid: expected a positive int")
     tokens_per_split = -(-max_kv // num_splits)
     tokens_per_split = -(-tokens_per_split // block_n) * block_n
     num_splits = -(-max_kv // tokens_per_split)
+    exact_tiles = bool(exact_tiles) and block_q == 1
+    tiles = num_tokens if exact_tiles else num_tokens // block_q + num_reqs
     return LaunchConfig(block_q, block_m, block_n, num_splits, tokens_per_split,
-                        num_warps or 4, num_stages or (3 if device.type == "cuda" else 1))
+                        num_warps or 4, num_stages or (3 if device.type == "cuda" else 1),
+                        exact_tiles=exact_tiles,
+                        heads_first=bool(heads_first) and tiles <= 65535)  # grid y limit
 
 
 def paged_attention_triton(
@@ -260,7 +305,7 @@ def paged_attention_triton(
     num_splits: Optional[int] = None, block_n: Optional[int] = None,
     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
     kv_offset: Optional[torch.Tensor] = None, window_size: Optional[int] = None,
-    future_offset: int = 0,
+    future_offset: int = 0, **launch,
 ) -> torch.Tensor:
     """``dspark.paged_attention`` semantics (``paged_attention_ref``) in Triton.
 
@@ -268,10 +313,14 @@ def paged_attention_triton(
     window (see the reference). The first KV tile a query tile reads is the
     block of its first query's lower bound; splits wholly below it exit at once.
     ``out [T, Hq, D]`` (query's dtype) is written in place when given.
-    ``num_splits``/``block_n``/``num_warps``/``num_stages`` override the
-    launch heuristics (tests, tuning); the result does not depend on them
-    beyond float rounding.
+    ``num_splits``/``block_n``/``num_warps``/``num_stages`` and the other
+    ``LAUNCH_KNOBS`` (keyword only: ``programs_per_sm``, ``min_split_tokens``,
+    ``exact_tiles``, ``heads_first``) override the launch heuristics (tests,
+    tuning); the result does not depend on them beyond float rounding.
     """
+    unknown = sorted(set(launch) - set(LAUNCH_KNOBS))
+    if unknown:
+        raise ValueError(f"launch options {unknown} are invalid: expected some of {LAUNCH_KNOBS}")
     _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc)
     check_window_args(window_size, future_offset)
     if kv_offset is not None and tuple(kv_offset.shape) != tuple(seq_lens.shape):
@@ -291,7 +340,8 @@ def paged_attention_triton(
     if block_table.shape[1] == 0:  # no KV anywhere: every query sees nothing
         return out.zero_()
     cfg = choose_launch(num_tokens, num_reqs, num_kv_heads, group, block_table.shape[1],
-                        block_size, query.device, num_splits, block_n, num_warps, num_stages)
+                        block_size, query.device, num_splits, block_n, num_warps, num_stages,
+                        **launch)
     if cfg.num_splits > 1:
         parts = torch.empty((num_tokens, num_heads, cfg.num_splits, head_dim),
                             dtype=torch.float32, device=query.device)
@@ -301,7 +351,7 @@ def paged_attention_triton(
         parts = lse = out  # unused
     block_d = max(16, triton.next_power_of_2(head_dim))
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
-    grid = (num_tokens // cfg.block_q + num_reqs, num_kv_heads, cfg.num_splits)
+    grid = cfg.grid(num_tokens, num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
         query, query.stride(0), query.stride(1),
         key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -316,8 +366,8 @@ def paged_attention_triton(
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
         WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
-        DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), EXACT_TILES=cfg.exact_tiles,
+        HEADS_FIRST=cfg.heads_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
             parts, lse, out, out.stride(0), out.stride(1), cfg.num_splits,
