@@ -26,8 +26,9 @@ rate of the largest case.
 peers. Candidates are separated by ``;``; each is ``default`` (the heuristics,
 as the op runs) or comma-separated ``key=value`` overrides of
 ``paged_attention_triton``'s launch knobs (``CONFIG_KEYS``: splits, bn, warps,
-stages, ppsm = programs per SM, min_tokens = least tokens per split, exact =
-one tile per decode token, heads = KV head as the fastest grid axis). Every
+stages, ppsm = the earlier split rule's programs per SM, res = resident programs
+per SM for the wave-filling split rule, min_tokens = least tokens per split,
+exact = one tile per decode token, heads = KV head as the fastest grid axis). Every
 candidate is first checked against the torch reference (``paged_attention_ref``,
 fp32) on the full and the windowed table; one that misses (rel. err > 1e-2) or
 fails is reported and not timed. List ``default`` twice to see the run's spread.
@@ -47,7 +48,7 @@ import torch
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIG_KEYS = {"splits": "num_splits", "bn": "block_n", "warps": "num_warps",
-               "stages": "num_stages", "ppsm": "programs_per_sm",
+               "stages": "num_stages", "ppsm": "programs_per_sm", "res": "resident_per_sm",
                "min_tokens": "min_split_tokens", "exact": "exact_tiles",
                "heads": "heads_first"}
 MAX_REL_ERR = 1e-2

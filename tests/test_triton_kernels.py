@@ -10,7 +10,8 @@ import torch
 
 import dspark_compile  # noqa: F401
 from dspark_compile.kernels.paged_attention import paged_attention_ref
-from dspark_compile.kernels.paged_attention_triton import choose_launch, paged_attention_triton
+from dspark_compile.kernels.paged_attention_triton import (choose_launch, paged_attention_triton,
+                                                           wave_fit_splits)
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
 from dspark_compile.window import (SlidingWindowAdapter, compute_window,
@@ -79,6 +80,22 @@ def test_launch_knobs_do_not_change_the_result(launch, q_lens):
     batch, q, kc, vc = _batch([37, 9, 0, 64, 3], q_lens, 4, 8, 2, 16, torch.float32, 3)
     args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.25, True)
     _assert_close(_run(*args, **launch), paged_attention_ref(*args), torch.float32)
+
+
+def test_splits_fill_whole_waves():
+    """Fewest splits whose programs fill their waves to >= 90%; else the best fill."""
+    gpu = torch.device("cuda", 0)
+    # 256 decode programs (32 requests x 8 KV heads), 132 SMs x 3 resident: 3 splits
+    # (768 of 792 slots), not 1 or 2 (256 or 512 of 396 / 792)
+    assert wave_fit_splits(256, 396, 32768, 128, 128) == 3
+    assert choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132).num_splits == 3
+    # 16-query blocks (64 rows) hold 2 per SM: 256 programs fill 264 slots with 1 split
+    assert choose_launch(512, 32, 8, 4, 8192, 16, gpu, num_sms=132).num_splits == 1
+    # few programs, short table: the most splits allowed (256 tokens each)
+    assert wave_fit_splits(8, 396, 2064, 128, 9) == 9
+    # the earlier rule on request: ceil(16 x 132 / 256) = 9 splits
+    assert choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
+                         block_n=64).num_splits == 9
 
 
 def test_launch_knobs_shape_the_grid():

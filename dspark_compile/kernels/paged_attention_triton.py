@@ -20,11 +20,13 @@ Layout of the work:
   upper bound computed from shapes only.
 - the KV range ``[0, width * b)`` is cut into ``num_splits`` equal splits
   (flash decoding) sized from the block table's WIDTH, never from a host read
-  of ``seq_lens``; splits past a request's length exit after writing an empty
-  partial. After windowing the width is ``max_window_blocks``, so a 128k
-  context with W=2048 launches work for ~2k tokens. With a window, a query
-  tile starts at the block of its first query's ``lo``; splits wholly below
-  it exit at once.
+  of ``seq_lens``: the fewest splits whose programs fill whole waves of the
+  programs the GPU holds at once (``choose_launch``); splits past a request's
+  length exit after writing an empty partial. Decode (one query per tile) has
+  exactly ``T`` tiles, with the KV head as the fastest grid axis. After windowing
+  the width is ``max_window_blocks``, so a 128k context with W=2048 launches work
+  for ~2k tokens. With a window, a query tile starts at the block of its first
+  query's ``lo``; splits wholly below it exit at once.
 - fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
   combines the splits by their log-sum-exp.
 No host synchronisation anywhere: CUDA-graph capturable.
@@ -247,12 +249,41 @@ class LaunchConfig:
         return (tiles, num_kv_heads, self.num_splits)
 
 
+@dataclasses.dataclass(frozen=True)
+class TileDefaults:
+    """Default launch of one kind of query tile on a GPU (``choose_launch``).
+
+    ``resident_per_sm``: programs of this tile one SM holds at once (from the
+    compiled kernel's registers and shared memory on the H200); the split count
+    is chosen so the programs fill whole waves of ``resident_per_sm x SMs``.
+    """
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    resident_per_sm: int
+    exact_tiles: bool
+    heads_first: bool
+
+
+# Proposal after the first H200 sweep (2026-11-30; measured again as "default" in the
+# second sweep, benchmarks/results/2026-11-30-h200-peer-attention-tuning.md).
+# Decode-sized tiles (block_m <= 16: one query x the GQA group): 141 registers and
+# 72 KiB of shared memory -> 3 programs per SM.
+DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=2, resident_per_sm=3,
+                            exact_tiles=True, heads_first=True)
+# Query blocks (block_m >= 32, e.g. 16 non-causal queries x GQA 4 = 64 rows): 210
+# registers and 80 KiB of shared memory -> 2 programs per SM.
+BLOCK_TILES = TileDefaults(block_n=64, num_warps=4, num_stages=3, resident_per_sm=2,
+                           exact_tiles=False, heads_first=False)
 # Launch knobs a caller (tests, benchmarks/bench_peer_attention.py --configs) may
-# override; None keeps the heuristic's choice.
+# override; None keeps the heuristic's choice. ``programs_per_sm`` selects the
+# earlier split rule (ceil(programs_per_sm x SMs / programs), 16 before tuning).
 LAUNCH_KNOBS = ("num_splits", "block_n", "num_warps", "num_stages", "programs_per_sm",
-                "min_split_tokens", "exact_tiles", "heads_first")
-DEFAULT_PROGRAMS_PER_SM = 16
+                "resident_per_sm", "min_split_tokens", "exact_tiles", "heads_first")
 DEFAULT_MIN_SPLIT_TOKENS = 256
+MAX_SPLITS = 512
+MIN_WAVE_FILL = 0.9
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,42 +291,80 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _rounded_splits(max_kv: int, splits: int, block_n: int) -> tuple[int, int]:
+    """``(num_splits, tokens_per_split)`` once a split is rounded up to whole KV tiles."""
+    tokens_per_split = -(-max_kv // splits)
+    tokens_per_split = -(-tokens_per_split // block_n) * block_n
+    return -(-max_kv // tokens_per_split), tokens_per_split
+
+
+@functools.lru_cache(maxsize=4096)
+def wave_fit_splits(programs: int, slots: int, max_kv: int, block_n: int,
+                    max_splits: int) -> int:
+    """Fewest splits (1..max_splits) whose ``splits x programs`` fill their waves of
+    ``slots`` resident programs to at least ``MIN_WAVE_FILL``; else the best fill.
+
+    Fill = programs / (waves x slots): a last wave half full runs at about half
+    the machine (H200, 256 decode programs, 4 resident per SM = 528 slots: 2
+    splits ran at 96% of SDPA, 3 splits at 85%, 1 split at 60%).
+    """
+    best_fill, best = -1.0, 1
+    for wanted in range(1, max(1, max_splits) + 1):
+        splits, _ = _rounded_splits(max_kv, wanted, block_n)
+        total = splits * programs
+        fill = total / (-(-total // slots) * slots)
+        if fill >= MIN_WAVE_FILL:
+            return splits
+        if fill > best_fill + 1e-9:
+            best_fill, best = fill, splits
+    return best
+
+
 def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                   table_width: int, block_size: int, device: torch.device,
                   num_splits: Optional[int] = None, block_n: Optional[int] = None,
                   num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                   num_sms: Optional[int] = None, programs_per_sm: Optional[int] = None,
+                  resident_per_sm: Optional[int] = None,
                   min_split_tokens: Optional[int] = None, exact_tiles: Optional[bool] = None,
                   heads_first: Optional[bool] = None) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
-    Splits: enough (query tile x KV head x split) programs for ~``programs_per_sm``
-    (16) per SM, each split at least ``min_split_tokens`` (256) tokens, at most 512
-    splits.
+    Tiles: ``DECODE_TILES`` when a query tile has at most 16 rows, else
+    ``BLOCK_TILES`` (each knob given here overrides its default). Splits
+    (``wave_fit_splits``): the fewest that fill whole waves of
+    ``resident_per_sm x SMs`` programs, each split at least ``min_split_tokens``
+    (256) tokens, at most 512 splits. With ``programs_per_sm`` the earlier rule:
+    ``ceil(programs_per_sm x SMs / programs)`` splits, same bounds.
     """
     mean_q = max(1, -(-num_tokens // max(num_reqs, 1)))
     block_q = min(triton.next_power_of_2(mean_q), max(1, 64 // group))
     block_m = max(16, triton.next_power_of_2(block_q * group))
-    block_n = block_n or (64 if device.type == "cuda" else 16)
+    tiles = DECODE_TILES if block_m <= 16 else BLOCK_TILES
+    on_gpu = device.type == "cuda"
+    block_n = block_n or (tiles.block_n if on_gpu else 16)
     max_kv = max(table_width * block_size, 1)
     if num_splits is None:
-        sms = num_sms or (_num_sms(device.index or 0) if device.type == "cuda" else 4)
-        per_sm = programs_per_sm or DEFAULT_PROGRAMS_PER_SM
+        sms = num_sms or (_num_sms(device.index or 0) if on_gpu else 4)
         min_tokens = min_split_tokens or DEFAULT_MIN_SPLIT_TOKENS
         programs = max(1, num_reqs * -(-mean_q // block_q) * num_kv_heads)
-        wanted = -(-per_sm * sms // programs)
-        num_splits = max(1, min(wanted, -(-max_kv // min_tokens), 512))
+        max_splits = max(1, min(-(-max_kv // min_tokens), MAX_SPLITS))
+        if programs_per_sm is not None:
+            num_splits = max(1, min(-(-programs_per_sm * sms // programs), max_splits))
+        else:
+            slots = (resident_per_sm or tiles.resident_per_sm) * sms
+            num_splits = wave_fit_splits(programs, slots, max_kv, block_n, max_splits)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} is invalid: expected a positive int")
-    tokens_per_split = -(-max_kv // num_splits)
-    tokens_per_split = -(-tokens_per_split // block_n) * block_n
-    num_splits = -(-max_kv // tokens_per_split)
-    exact_tiles = bool(exact_tiles) and block_q == 1
-    tiles = num_tokens if exact_tiles else num_tokens // block_q + num_reqs
+    num_splits, tokens_per_split = _rounded_splits(max_kv, num_splits, block_n)
+    exact = (tiles.exact_tiles if exact_tiles is None else bool(exact_tiles)) and block_q == 1
+    heads = tiles.heads_first if heads_first is None else bool(heads_first)
+    grid_tiles = num_tokens if exact else num_tokens // block_q + num_reqs
     return LaunchConfig(block_q, block_m, block_n, num_splits, tokens_per_split,
-                        num_warps or 4, num_stages or (3 if device.type == "cuda" else 1),
-                        exact_tiles=exact_tiles,
-                        heads_first=bool(heads_first) and tiles <= 65535)  # grid y limit
+                        num_warps or tiles.num_warps,
+                        num_stages or (tiles.num_stages if on_gpu else 1),
+                        exact_tiles=exact,
+                        heads_first=heads and grid_tiles <= 65535)  # grid y limit
 
 
 def paged_attention_triton(
