@@ -84,15 +84,39 @@ def test_launch_knobs_do_not_change_the_result(launch, q_lens):
 
 def test_splits_fill_whole_waves():
     """Fewest splits whose programs fill their waves to >= 90%; else the best fill."""
-    gpu = torch.device("cuda", 0)
     # 256 decode programs (32 requests x 8 KV heads), 132 SMs x 3 resident: 3 splits
     # (768 of 792 slots), not 1 or 2 (256 or 512 of 396 / 792)
     assert wave_fit_splits(256, 396, 32768, 128, 128) == 3
-    assert choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132).num_splits == 3
-    # 16-query blocks (64 rows) hold 2 per SM: 256 programs fill 264 slots with 1 split
-    assert choose_launch(512, 32, 8, 4, 8192, 16, gpu, num_sms=132).num_splits == 1
+    assert wave_fit_splits(256, 264, 32768, 128, 128) == 1
     # few programs, short table: the most splits allowed (256 tokens each)
     assert wave_fit_splits(8, 396, 2064, 128, 9) == 9
+    # 8 programs, 264 slots: 32 splits (256 programs), not 29-31 (rounded to 29)
+    assert wave_fit_splits(8, 264, 32768, 128, 128) == 32
+
+
+def _launch(cfg):
+    return (cfg.num_splits, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.exact_tiles,
+            cfg.heads_first)
+
+
+def test_default_launches_are_the_measured_ones():
+    """The H200 launches behind benchmarks/results/2026-11-30-h200-peer-attention-tuning.md
+    (Hq 32 / Hkv 8, b=16, W=2048 -> 129-block windowed tables, 132 SMs)."""
+    gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
+    win = max_window_blocks(2048, 16)
+    decode = (1, 128, 4, 3, True, True)
+    for width in (2048, 8192, win):                  # batch 32 decode: 32k, 128k, window
+        assert _launch(choose_launch(32, 32, 8, 4, width, 16, gpu, num_sms=132)) == decode
+    assert _launch(choose_launch(1, 1, 8, 4, 2048, 16, gpu, num_sms=132)) == (32,) + decode[1:]
+    assert _launch(choose_launch(1, 1, 8, 4, win, 16, gpu, num_sms=132)) == (9,) + decode[1:]
+    blocks = choose_launch(512, 32, 8, 4, 8192, 16, gpu, num_sms=132)   # 16-token blocks
+    assert _launch(blocks) == (3, 32, 4, 4, False, False) and blocks.block_m == 64
+    assert _launch(choose_launch(512, 32, 8, 4, win, 16, gpu, num_sms=132)) == \
+        (1, 64, 4, 3, False, False)
+    # the earlier default, as a sweep's baseline
+    old = choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
+                        block_n=64, num_stages=3, exact_tiles=False, heads_first=False)
+    assert _launch(old) == (9, 64, 4, 3, False, False)
     # the earlier rule on request: ceil(16 x 132 / 256) = 9 splits
     assert choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
                          block_n=64).num_splits == 9

@@ -266,16 +266,27 @@ class TileDefaults:
     heads_first: bool
 
 
-# Proposal after the first H200 sweep (2026-11-30; measured again as "default" in the
-# second sweep, benchmarks/results/2026-11-30-h200-peer-attention-tuning.md).
-# Decode-sized tiles (block_m <= 16: one query x the GQA group): 141 registers and
-# 72 KiB of shared memory -> 3 programs per SM.
-DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=2, resident_per_sm=3,
+# Measured on the H200, torch 2.11 / triton 3.6, Hq 32 / Hkv 8, D 128, bf16, b=16
+# (benchmarks/results/2026-11-30-h200-peer-attention-tuning.md): each is the best
+# launch measured for its kind of tile that beat the earlier default (BLOCK_N 64,
+# 3 stages, 16 programs per SM) on every case it applies to.
+# Decode-sized tiles (block_m <= 16: one query x the GQA group): 188 registers (72
+# KiB of shared memory) -> 2 programs per SM; batch 32 decode runs 1 split (no
+# combine kernel).
+DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=3, resident_per_sm=2,
                             exact_tiles=True, heads_first=True)
-# Query blocks (block_m >= 32, e.g. 16 non-causal queries x GQA 4 = 64 rows): 210
-# registers and 80 KiB of shared memory -> 2 programs per SM.
-BLOCK_TILES = TileDefaults(block_n=64, num_warps=4, num_stages=3, resident_per_sm=2,
+# Query blocks (block_m >= 32, e.g. 16 non-causal queries x GQA 4 = 64 rows) over
+# long tables: 165 registers (48 KiB of shared memory) -> 3 programs per SM
+# (batch 32 at 128k: 3 splits).
+BLOCK_TILES = TileDefaults(block_n=32, num_warps=4, num_stages=4, resident_per_sm=3,
                            exact_tiles=False, heads_first=False)
+# Query blocks over short tables (<= SHORT_TABLE_TOKENS, e.g. a draft window of
+# 2048 tokens): fewer, longer programs (182-210 registers, 80 KiB of shared memory
+# -> 2 per SM; batch 32 runs 1 split) beat more splits, whose per-program cost
+# dominates there.
+SHORT_BLOCK_TILES = TileDefaults(block_n=64, num_warps=4, num_stages=3, resident_per_sm=2,
+                                 exact_tiles=False, heads_first=False)
+SHORT_TABLE_TOKENS = 8192  # measured at 2064 (short) and 131072 (long) tokens only
 # Launch knobs a caller (tests, benchmarks/bench_peer_attention.py --configs) may
 # override; None keeps the heuristic's choice. ``programs_per_sm`` selects the
 # earlier split rule (ceil(programs_per_sm x SMs / programs), 16 before tuning).
@@ -331,7 +342,8 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
     Tiles: ``DECODE_TILES`` when a query tile has at most 16 rows, else
-    ``BLOCK_TILES`` (each knob given here overrides its default). Splits
+    ``SHORT_BLOCK_TILES`` for tables of at most ``SHORT_TABLE_TOKENS`` tokens and
+    ``BLOCK_TILES`` for longer ones (each knob given here overrides its default). Splits
     (``wave_fit_splits``): the fewest that fill whole waves of
     ``resident_per_sm x SMs`` programs, each split at least ``min_split_tokens``
     (256) tokens, at most 512 splits. With ``programs_per_sm`` the earlier rule:
@@ -340,10 +352,13 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
     mean_q = max(1, -(-num_tokens // max(num_reqs, 1)))
     block_q = min(triton.next_power_of_2(mean_q), max(1, 64 // group))
     block_m = max(16, triton.next_power_of_2(block_q * group))
-    tiles = DECODE_TILES if block_m <= 16 else BLOCK_TILES
+    max_kv = max(table_width * block_size, 1)
+    if block_m <= 16:
+        tiles = DECODE_TILES
+    else:
+        tiles = SHORT_BLOCK_TILES if max_kv <= SHORT_TABLE_TOKENS else BLOCK_TILES
     on_gpu = device.type == "cuda"
     block_n = block_n or (tiles.block_n if on_gpu else 16)
-    max_kv = max(table_width * block_size, 1)
     if num_splits is None:
         sms = num_sms or (_num_sms(device.index or 0) if on_gpu else 4)
         min_tokens = min_split_tokens or DEFAULT_MIN_SPLIT_TOKENS
