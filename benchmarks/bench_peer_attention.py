@@ -1,7 +1,7 @@
 """Paged draft attention against what a user would pick instead, on one GPU, same run.
 
     python benchmarks/bench_peer_attention.py [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
-        [--window 2048] [--out DIR]
+        [--window 2048] [--out DIR] [--configs "default;ppsm=4;bn=32,stages=4;..."]
 
 Per case (batch x context x query tokens; Hq 32 / Hkv 8, D 128, bf16, b=16,
 all requests at the same length; decode is q_len 1, a 16-token block is a
@@ -21,6 +21,17 @@ before timing. Times: CUDA-graph replays, median of ``triton.testing.do_bench``
 (L2 flushed before every repetition). GB/s count each distinct KV byte once
 (K and V of the tokens read); the windowed bound is those bytes at the SDPA-dense
 rate of the largest case.
+
+``--configs``: a launch sweep of our kernel, measured in the same run beside the
+peers. Candidates are separated by ``;``; each is ``default`` (the heuristics,
+as the op runs) or comma-separated ``key=value`` overrides of
+``paged_attention_triton``'s launch knobs (``CONFIG_KEYS``: splits, bn, warps,
+stages, ppsm = the earlier split rule's programs per SM, res = resident programs
+per SM for the wave-filling split rule, min_tokens = least tokens per split,
+exact = one tile per decode token, heads = KV head as the fastest grid axis). Every
+candidate is first checked against the torch reference (``paged_attention_ref``,
+fp32) on the full and the windowed table; one that misses (rel. err > 1e-2) or
+fails is reported and not timed. List ``default`` twice to see the run's spread.
 """
 
 from __future__ import annotations
@@ -36,6 +47,11 @@ import time
 import torch
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
+CONFIG_KEYS = {"splits": "num_splits", "bn": "block_n", "warps": "num_warps",
+               "stages": "num_stages", "ppsm": "programs_per_sm", "res": "resident_per_sm",
+               "min_tokens": "min_split_tokens", "exact": "exact_tiles",
+               "heads": "heads_first"}
+MAX_REL_ERR = 1e-2
 
 
 def log(msg: str) -> None:
@@ -51,12 +67,37 @@ def graph_ms(fn) -> float:
     return float(do_bench(graph.replay, warmup=10, rep=60, return_mode="median"))
 
 
+def parse_configs(text: str) -> list[tuple[str, dict]]:
+    """``"default;ppsm=4,bn=32"`` -> ``[("default", {}), ("ppsm=4,bn=32",
+    {"programs_per_sm": 4, "block_n": 32})]`` (``CONFIG_KEYS``; ints, exact/heads
+    as 0/1)."""
+    configs = []
+    for item in (part.strip() for part in text.split(";")):
+        if not item:
+            continue
+        if item == "default":
+            configs.append((item, {}))
+            continue
+        kwargs = {}
+        for pair in item.split(","):
+            key, sep, value = pair.partition("=")
+            if not sep or key.strip() not in CONFIG_KEYS or not value.strip().isdigit():
+                raise ValueError(f"--configs entry {pair!r} is invalid: expected key=int with "
+                                 f"key one of {sorted(CONFIG_KEYS)}")
+            knob = CONFIG_KEYS[key.strip()]
+            number = int(value)
+            kwargs[knob] = bool(number) if knob in ("exact_tiles", "heads_first") else number
+        configs.append((item, kwargs))
+    return configs
+
+
 def rel_err(got, want) -> float:
     got, want = got.double(), want.double()
     return float((got - want).norm() / want.norm())
 
 
-def run_case(batch: int, context: int, q_len: int, window: int) -> dict:
+def run_case(batch: int, context: int, q_len: int, window: int,
+             configs: list[tuple[str, dict]] = ()) -> dict:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from dspark_compile.kernels.window_metadata import window_metadata_triton
@@ -113,6 +154,9 @@ def run_case(batch: int, context: int, q_len: int, window: int) -> dict:
     log(f"case {batch}x{context}x{q_len}: ours full {res['ours_full_us']:.1f} us, SDPA dense "
         f"{res['sdpa_full_us']:.1f} us (err {res['err_full_vs_sdpa']:.1e}), ours windowed "
         f"{res['ours_windowed_us']:.1f} us")
+    if configs:
+        res["sweep"] = sweep_case(configs, query, key_cache, value_cache, table, seq_lens, qsl,
+                                  scale, causal, window, start)
     try:
         mask = create_block_mask(lambda b, h, q, kv: kv >= start, None, None, q_len, context,
                                  device="cuda")
@@ -135,6 +179,105 @@ def run_case(batch: int, context: int, q_len: int, window: int) -> dict:
     return res
 
 
+def sweep_case(configs, query, key_cache, value_cache, table_, seq_lens, qsl, scale, causal,
+               window, start) -> list[dict]:
+    """Each candidate launch on this case: checked against ``paged_attention_ref``
+    (full table and windowed table), then timed like ``ours`` above."""
+    import functools
+
+    from dspark_compile.kernels.paged_attention import paged_attention_ref
+    from dspark_compile.kernels.paged_attention_triton import (choose_launch,
+                                                               paged_attention_triton)
+    from dspark_compile.kernels.window_metadata import window_metadata_triton
+
+    batch = seq_lens.shape[0]
+    kv_start = torch.full_like(seq_lens, start)
+    ref_full = paged_attention_ref(query, key_cache, value_cache, table_, seq_lens, qsl, scale,
+                                   causal)
+    ref_win = paged_attention_ref(query, key_cache, value_cache, table_, seq_lens, qsl, scale,
+                                  causal, kv_start=kv_start)
+    win_lens, _, win_table = window_metadata_triton(seq_lens, table_, window, BLOCK)
+    rows = []
+    for label, kwargs in configs:
+        row = {"config": label}
+        full = functools.partial(paged_attention_triton, query, key_cache, value_cache, table_,
+                                 seq_lens, qsl, scale, causal, **kwargs)
+
+        def windowed(kwargs=kwargs):
+            lens, _, wtable = window_metadata_triton(seq_lens, table_, window, BLOCK)
+            return paged_attention_triton(query, key_cache, value_cache, wtable, lens, qsl,
+                                          scale, causal, **kwargs)
+        try:
+            for name, fn, width, ref in (("full", full, table_.shape[1], ref_full),
+                                         ("windowed", windowed, win_table.shape[1], ref_win)):
+                cfg = choose_launch(query.shape[0], batch, HKV, HQ // HKV, width, BLOCK,
+                                    query.device, **kwargs)
+                row[f"{name}_launch"] = (f"splits={cfg.num_splits} bn={cfg.block_n} "
+                                         f"warps={cfg.num_warps} stages={cfg.num_stages} "
+                                         f"exact={int(cfg.exact_tiles)} "
+                                         f"heads={int(cfg.heads_first)}")
+                err = rel_err(fn(), ref)
+                row[f"err_{name}"] = err
+                if not err <= MAX_REL_ERR:
+                    raise AssertionError(f"{name}: rel. err {err:.1e} vs paged_attention_ref")
+                row[f"{name}_us"] = graph_ms(fn) * 1e3
+        except Exception as exc:  # a candidate that fails or is wrong is reported, not timed
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        log(f"  config {label}: full {row.get('full_us', float('nan')):.1f} us "
+            f"[{row.get('full_launch')}], windowed {row.get('windowed_us', float('nan')):.1f} "
+            f"us [{row.get('windowed_launch')}] {row.get('error', '')}")
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_table(results: list[dict], ceiling: float) -> str:
+    """Candidates x cases: full us (% of SDPA-dense bandwidth), windowed us (x bound)."""
+    swept = [r for r in results if r.get("sweep")]
+    if not swept:
+        return ""
+    headers = ["config"]
+    for r in swept:
+        case = f"{r['batch']}x{r['context'] // 1024}k q{r['q_len']}"
+        headers += [f"{case} full us (of SDPA)", f"{case} windowed us (x bound)"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for i, (label, _) in enumerate((row["config"], None) for row in swept[0]["sweep"]):
+        cells = [f"{i}: {label}"]
+        for r in swept:
+            row = r["sweep"][i]
+            if "full_us" not in row or "windowed_us" not in row:
+                cells += [row.get("error", "n/a"), ""]
+                continue
+            bound = r["windowed_MB"] / ceiling * 1e3
+            cells += [f"{row['full_us']:.1f} ({r['sdpa_full_us'] / row['full_us']:.0%})",
+                      f"{row['windowed_us']:.1f} ({row['windowed_us'] / bound:.2f}x)"]
+        lines.append("| " + " | ".join(cells) + " |")
+    launches = ["", "Launches chosen (full / windowed table):", ""]
+    for r in swept:
+        launches.append(f"- {r['batch']} x {r['context']}, q_len {r['q_len']}: "
+                        + "; ".join(f"{i}: {row.get('full_launch')} / "
+                                    f"{row.get('windowed_launch')}"
+                                    for i, row in enumerate(r["sweep"])))
+    return ("\n## Launch sweep (ours; checked against paged_attention_ref first)\n\n"
+            + "\n".join(lines + launches) + "\n")
+
+
+def log_compiled_kernels() -> None:
+    """Registers, spills and shared memory of each compiled variant of our kernel
+    (for the occupancy reading of a sweep); best effort across Triton versions."""
+    from dspark_compile.kernels.paged_attention_triton import _paged_attention_kernel
+
+    try:
+        for caches in _paged_attention_kernel.device_caches.values():
+            for key, kernel in caches[0].items():
+                meta = kernel.metadata
+                log(f"compiled: regs {kernel.n_regs} spills {kernel.n_spills} shared "
+                    f"{meta.shared} warps {meta.num_warps} stages {meta.num_stages} "
+                    f"key {key}")
+    except Exception as exc:  # diagnostics only
+        log(f"compiled-kernel listing unavailable: {exc!r}")
+
+
 def table(results: list[dict]) -> str:
     ceiling = max(r["full_MB"] / r["sdpa_full_us"] for r in results) * 1e3     # GB/s
     headers = ["case", "ours full us (GB/s)", "SDPA dense full us (GB/s)", "ours / SDPA BW",
@@ -154,7 +297,7 @@ def table(results: list[dict]) -> str:
             f"{flex:.1f}" if flex else r.get("flex_error", "n/a"),
             f"{flex / r['ours_windowed_us']:.2f}x faster" if flex else "n/a"]) + " |")
     return (f"Read ceiling (SDPA dense, best case): {ceiling:.0f} GB/s.\n\n"
-            + "\n".join(lines) + "\n")
+            + "\n".join(lines) + "\n" + sweep_table(results, ceiling))
 
 
 def main(argv=None) -> int:
@@ -162,7 +305,11 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default="32x32768x1,1x32768x1,32x131072x16,32x131072x1")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--configs", default="",
+                        help="launch candidates for our kernel, ';'-separated (see the module "
+                             "docstring); e.g. 'default;ppsm=4;bn=32,stages=4;default'")
     args = parser.parse_args(argv)
+    configs = parse_configs(args.configs)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -177,7 +324,7 @@ def main(argv=None) -> int:
     for case in args.cases.split(","):
         batch, context, q_len = (int(v) for v in case.split("x"))
         try:
-            results.append(run_case(batch, context, q_len, args.window))
+            results.append(run_case(batch, context, q_len, args.window, configs))
         except Exception as exc:
             log(f"case {case} failed: {exc!r}")
         text = (f"# Peer attention, {env['date']}, {env['device']}, torch {env['torch']}, "
@@ -189,6 +336,8 @@ def main(argv=None) -> int:
             handle.write(text)
         with open(os.path.join(args.out, "peer_attention.json"), "w") as handle:
             json.dump({"environment": env, "results": results}, handle, indent=2)
+    if configs:
+        log_compiled_kernels()
     print(text)
     return 0
 

@@ -31,3 +31,57 @@ def test_mla_configs_parse_into_launch_shapes():
 def test_scripts_exit_2_without_a_gpu(name, tmp_path, capsys):
     assert _load(name).main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_peer_configs_parse_into_launch_knobs():
+    bench = _load("bench_peer_attention")
+    configs = bench.parse_configs("default; ppsm=4,bn=32 ;exact=1,heads=0,min_tokens=1024;")
+    assert configs == [("default", {}),
+                       ("ppsm=4,bn=32", {"programs_per_sm": 4, "block_n": 32}),
+                       ("exact=1,heads=0,min_tokens=1024",
+                        {"exact_tiles": True, "heads_first": False, "min_split_tokens": 1024})]
+    for bad in ("ppsm", "blocks=2", "bn=x"):
+        with pytest.raises(ValueError, match="--configs"):
+            bench.parse_configs(bad)
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_peer_sweep_checks_each_candidate_and_tabulates(q_len, monkeypatch):
+    """The sweep at a toy size on the CPU (Triton interpreter; CUDA-graph timing
+    stubbed): every candidate is checked against paged_attention_ref, a wrong
+    one is reported and not timed, and the table has one row per candidate."""
+    bench = _load("bench_peer_attention")
+    monkeypatch.setattr(bench, "graph_ms", lambda fn: 0.001)
+    monkeypatch.setattr(bench, "HQ", 8)
+    monkeypatch.setattr(bench, "HKV", 2)
+    monkeypatch.setattr(bench, "D", 16)
+    batch, context, window = 2, 80, 32
+    gen = torch.Generator().manual_seed(0)
+    blocks = context // bench.BLOCK
+    kc = torch.randn(batch * blocks + 3, bench.BLOCK, 2, 16, generator=gen)
+    vc = torch.randn(kc.shape, generator=gen)
+    table = torch.randperm(kc.shape[0], generator=gen)[:batch * blocks].view(batch, blocks)
+    table = table.to(torch.int32)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32)
+    qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
+    query = torch.randn(batch * q_len, 8, 16, generator=gen)
+    start = (context - window) // bench.BLOCK * bench.BLOCK
+    configs = bench.parse_configs("default;ppsm=1,exact=1,heads=1;splits=3,bn=16")
+    original = bench.rel_err
+    calls = []
+
+    def rel_err(got, want):  # the third candidate's full result is made wrong
+        calls.append(1)
+        return 1.0 if len(calls) == 5 else original(got, want)
+    monkeypatch.setattr(bench, "rel_err", rel_err)
+    rows = bench.sweep_case(configs, query, kc, vc, table, seq_lens, qsl, 0.25, q_len == 1,
+                            window, start)
+    assert [r["config"] for r in rows] == [c[0] for c in configs]
+    assert all(r["err_full"] < 1e-4 and r["err_windowed"] < 1e-4 for r in rows[:2])
+    assert rows[0]["full_us"] == 1.0 and "error" not in rows[1]
+    assert "rel. err" in rows[2]["error"] and "full_us" not in rows[2]
+    assert "heads=1" in rows[1]["full_launch"] and "splits=3" in rows[2]["full_launch"]
+    result = {"batch": batch, "context": context, "q_len": q_len, "windowed_MB": 1.0,
+              "sdpa_full_us": 2.0, "sweep": rows}
+    text = bench.sweep_table([result], ceiling=1000.0)
+    assert text.count("\n| ") == 4 and "| 1: ppsm=1,exact=1,heads=1 | 1.0 (200%) |" in text

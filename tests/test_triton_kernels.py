@@ -10,7 +10,8 @@ import torch
 
 import dspark_compile  # noqa: F401
 from dspark_compile.kernels.paged_attention import paged_attention_ref
-from dspark_compile.kernels.paged_attention_triton import choose_launch, paged_attention_triton
+from dspark_compile.kernels.paged_attention_triton import (choose_launch, paged_attention_triton,
+                                                           wave_fit_splits)
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
 from dspark_compile.window import (SlidingWindowAdapter, compute_window,
@@ -66,6 +67,74 @@ def test_paged_attention_matches_reference(causal, seq_lens, q_lens, b, hq, hkv,
             causal)
     got = _run(*args, num_splits=splits)
     _assert_close(got, paged_attention_ref(*args), dtype)
+
+
+@pytest.mark.parametrize("launch", [
+    dict(exact_tiles=True), dict(heads_first=True), dict(exact_tiles=True, heads_first=True),
+    dict(programs_per_sm=1, min_split_tokens=8), dict(programs_per_sm=64, min_split_tokens=4)])
+@pytest.mark.parametrize("q_lens", [[1, 1, 0, 1, 1], [3, 1, 0, 4, 2]])
+def test_launch_knobs_do_not_change_the_result(launch, q_lens):
+    """The tuning knobs (benchmarks/bench_peer_attention.py --configs) only cut the
+    work differently: decode (q_len 1, where exact_tiles applies) with an empty
+    request, and mixed query blocks (exact_tiles ignored), GQA 4, causal."""
+    batch, q, kc, vc = _batch([37, 9, 0, 64, 3], q_lens, 4, 8, 2, 16, torch.float32, 3)
+    args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.25, True)
+    _assert_close(_run(*args, **launch), paged_attention_ref(*args), torch.float32)
+
+
+def test_splits_fill_whole_waves():
+    """Fewest splits whose programs fill their waves to >= 90%; else the best fill."""
+    # 256 decode programs (32 requests x 8 KV heads), 132 SMs x 3 resident: 3 splits
+    # (768 of 792 slots), not 1 or 2 (256 or 512 of 396 / 792)
+    assert wave_fit_splits(256, 396, 32768, 128, 128) == 3
+    assert wave_fit_splits(256, 264, 32768, 128, 128) == 1
+    # few programs, short table: the most splits allowed (256 tokens each)
+    assert wave_fit_splits(8, 396, 2064, 128, 9) == 9
+    # 8 programs, 264 slots: 32 splits (256 programs), not 29-31 (rounded to 29)
+    assert wave_fit_splits(8, 264, 32768, 128, 128) == 32
+
+
+def _launch(cfg):
+    return (cfg.num_splits, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.exact_tiles,
+            cfg.heads_first)
+
+
+def test_default_launches_are_the_measured_ones():
+    """The H200 launches behind benchmarks/results/2026-11-30-h200-peer-attention-tuning.md
+    (Hq 32 / Hkv 8, b=16, W=2048 -> 129-block windowed tables, 132 SMs)."""
+    gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
+    win = max_window_blocks(2048, 16)
+    decode = (1, 128, 4, 3, True, True)
+    for width in (2048, 8192, win):                  # batch 32 decode: 32k, 128k, window
+        assert _launch(choose_launch(32, 32, 8, 4, width, 16, gpu, num_sms=132)) == decode
+    assert _launch(choose_launch(1, 1, 8, 4, 2048, 16, gpu, num_sms=132)) == (32,) + decode[1:]
+    assert _launch(choose_launch(1, 1, 8, 4, win, 16, gpu, num_sms=132)) == (9,) + decode[1:]
+    blocks = choose_launch(512, 32, 8, 4, 8192, 16, gpu, num_sms=132)   # 16-token blocks
+    assert _launch(blocks) == (3, 32, 4, 4, False, False) and blocks.block_m == 64
+    assert _launch(choose_launch(512, 32, 8, 4, win, 16, gpu, num_sms=132)) == \
+        (1, 64, 4, 3, False, False)
+    # the earlier default, as a sweep's baseline
+    old = choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
+                        block_n=64, num_stages=3, exact_tiles=False, heads_first=False)
+    assert _launch(old) == (9, 64, 4, 3, False, False)
+    # the earlier rule on request: ceil(16 x 132 / 256) = 9 splits
+    assert choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
+                         block_n=64).num_splits == 9
+
+
+def test_launch_knobs_shape_the_grid():
+    gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
+    decode = choose_launch(32, 32, 8, 4, 129, 16, gpu, num_sms=132, exact_tiles=True,
+                           heads_first=True, programs_per_sm=2, min_split_tokens=512)
+    assert decode.grid(32, 32, 8) == (8, 32, decode.num_splits)
+    assert decode.num_splits == 2                     # 2 x 132 programs wanted / 256
+    blocks = choose_launch(32 * 16, 32, 8, 4, 129, 16, gpu, num_sms=132, exact_tiles=True)
+    assert not blocks.exact_tiles and blocks.grid(512, 32, 8) == (64, 8, blocks.num_splits)
+    with pytest.raises(ValueError, match="launch options"):
+        paged_attention_triton(*_batch([5], [1], 4, 2, 1, 16, torch.float32, 1)[1:4],
+                               torch.zeros(1, 2, dtype=torch.int32),
+                               torch.ones(1, dtype=torch.int32),
+                               torch.tensor([0, 1], dtype=torch.int32), 0.3, True, splits=2)
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -20,11 +20,13 @@ Layout of the work:
   upper bound computed from shapes only.
 - the KV range ``[0, width * b)`` is cut into ``num_splits`` equal splits
   (flash decoding) sized from the block table's WIDTH, never from a host read
-  of ``seq_lens``; splits past a request's length exit after writing an empty
-  partial. After windowing the width is ``max_window_blocks``, so a 128k
-  context with W=2048 launches work for ~2k tokens. With a window, a query
-  tile starts at the block of its first query's ``lo``; splits wholly below
-  it exit at once.
+  of ``seq_lens``: the fewest splits whose programs fill whole waves of the
+  programs the GPU holds at once (``choose_launch``); splits past a request's
+  length exit after writing an empty partial. Decode (one query per tile) has
+  exactly ``T`` tiles, with the KV head as the fastest grid axis. After windowing
+  the width is ``max_window_blocks``, so a 128k context with W=2048 launches work
+  for ~2k tokens. With a window, a query tile starts at the block of its first
+  query's ``lo``; splits wholly below it exit at once.
 - fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
   combines the splits by their log-sum-exp.
 No host synchronisation anywhere: CUDA-graph capturable.
@@ -52,14 +54,20 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
+def _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr, EXACT_TILES: tl.constexpr):
     """Request whose tiles contain ``tile``: tiles of request i start at
-    ``query_start_loc[i] // BLOCK_Q + i`` (strictly increasing in i)."""
+    ``query_start_loc[i] // BLOCK_Q + i`` (strictly increasing in i), or, with
+    ``EXACT_TILES`` (only when ``BLOCK_Q == 1``: one tile per query token), at
+    ``query_start_loc[i]`` (the last request starting at or before ``tile`` is
+    the one holding it; empty requests are skipped)."""
     lo = 0
     hi = num_reqs
     while lo < hi:
         mid = (lo + hi) // 2
-        first_tile = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if EXACT_TILES:
+            first_tile = tl.load(qsl_ptr + mid)
+        else:
+            first_tile = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
         if first_tile <= tile:
             lo = mid + 1
         else:
@@ -83,14 +91,22 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
+        kv_head = tl.program_id(0)
+        tile = tl.program_id(1)
+    else:            # grid (tile, KV head, split)
+        tile = tl.program_id(0)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q)
+    req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q, EXACT_TILES)
     q_begin = tl.load(qsl_ptr + req)
     q_len = tl.load(qsl_ptr + req + 1) - q_begin
-    local_tile = tile - (q_begin // BLOCK_Q + req)
+    if EXACT_TILES:
+        local_tile = tile - q_begin
+    else:
+        local_tile = tile - (q_begin // BLOCK_Q + req)
     if local_tile * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + req)
@@ -208,7 +224,13 @@ def _combine_splits_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    """How a call is cut into programs (see the module docstring)."""
+    """How a call is cut into programs (see the module docstring).
+
+    ``exact_tiles``: one query tile per token (only with ``block_q == 1``), so
+    the grid has ``T`` tiles instead of the upper bound ``T // block_q + R``.
+    ``heads_first``: the KV head is the grid's fastest axis (all KV heads of a
+    tile and split are scheduled side by side) instead of the query tile.
+    """
 
     block_q: int
     block_m: int
@@ -217,6 +239,62 @@ class LaunchConfig:
     tokens_per_split: int
     num_warps: int
     num_stages: int
+    exact_tiles: bool = False
+    heads_first: bool = False
+
+    def grid(self, num_tokens: int, num_reqs: int, num_kv_heads: int) -> tuple[int, int, int]:
+        tiles = num_tokens if self.exact_tiles else num_tokens // self.block_q + num_reqs
+        if self.heads_first:
+            return (num_kv_heads, tiles, self.num_splits)
+        return (tiles, num_kv_heads, self.num_splits)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileDefaults:
+    """Default launch of one kind of query tile on a GPU (``choose_launch``).
+
+    ``resident_per_sm``: programs of this tile one SM holds at once (from the
+    compiled kernel's registers and shared memory on the H200); the split count
+    is chosen so the programs fill whole waves of ``resident_per_sm x SMs``.
+    """
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    resident_per_sm: int
+    exact_tiles: bool
+    heads_first: bool
+
+
+# Measured on the H200, torch 2.11 / triton 3.6, Hq 32 / Hkv 8, D 128, bf16, b=16
+# (benchmarks/results/2026-11-30-h200-peer-attention-tuning.md): each is the best
+# launch measured for its kind of tile that beat the earlier default (BLOCK_N 64,
+# 3 stages, 16 programs per SM) on every case it applies to.
+# Decode-sized tiles (block_m <= 16: one query x the GQA group): 188 registers (72
+# KiB of shared memory) -> 2 programs per SM; batch 32 decode runs 1 split (no
+# combine kernel).
+DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=3, resident_per_sm=2,
+                            exact_tiles=True, heads_first=True)
+# Query blocks (block_m >= 32, e.g. 16 non-causal queries x GQA 4 = 64 rows) over
+# long tables: 165 registers (48 KiB of shared memory) -> 3 programs per SM
+# (batch 32 at 128k: 3 splits).
+BLOCK_TILES = TileDefaults(block_n=32, num_warps=4, num_stages=4, resident_per_sm=3,
+                           exact_tiles=False, heads_first=False)
+# Query blocks over short tables (<= SHORT_TABLE_TOKENS, e.g. a draft window of
+# 2048 tokens): fewer, longer programs (182-210 registers, 80 KiB of shared memory
+# -> 2 per SM; batch 32 runs 1 split) beat more splits, whose per-program cost
+# dominates there.
+SHORT_BLOCK_TILES = TileDefaults(block_n=64, num_warps=4, num_stages=3, resident_per_sm=2,
+                                 exact_tiles=False, heads_first=False)
+SHORT_TABLE_TOKENS = 8192  # measured at 2064 (short) and 131072 (long) tokens only
+# Launch knobs a caller (tests, benchmarks/bench_peer_attention.py --configs) may
+# override; None keeps the heuristic's choice. ``programs_per_sm`` selects the
+# earlier split rule (ceil(programs_per_sm x SMs / programs), 16 before tuning).
+LAUNCH_KNOBS = ("num_splits", "block_n", "num_warps", "num_stages", "programs_per_sm",
+                "resident_per_sm", "min_split_tokens", "exact_tiles", "heads_first")
+DEFAULT_MIN_SPLIT_TOKENS = 256
+MAX_SPLITS = 512
+MIN_WAVE_FILL = 0.9
 
 
 @functools.lru_cache(maxsize=None)
@@ -224,33 +302,84 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _rounded_splits(max_kv: int, splits: int, block_n: int) -> tuple[int, int]:
+    """``(num_splits, tokens_per_split)`` once a split is rounded up to whole KV tiles."""
+    tokens_per_split = -(-max_kv // splits)
+    tokens_per_split = -(-tokens_per_split // block_n) * block_n
+    return -(-max_kv // tokens_per_split), tokens_per_split
+
+
+@functools.lru_cache(maxsize=4096)
+def wave_fit_splits(programs: int, slots: int, max_kv: int, block_n: int,
+                    max_splits: int) -> int:
+    """Fewest splits (1..max_splits) whose ``splits x programs`` fill their waves of
+    ``slots`` resident programs to at least ``MIN_WAVE_FILL``; else the best fill.
+
+    Fill = programs / (waves x slots): a last wave half full runs at about half
+    the machine (H200, 256 decode programs, 4 resident per SM = 528 slots: 2
+    splits ran at 96% of SDPA, 3 splits at 85%, 1 split at 60%).
+    """
+    best_fill, best = -1.0, 1
+    for wanted in range(1, max(1, max_splits) + 1):
+        splits, _ = _rounded_splits(max_kv, wanted, block_n)
+        total = splits * programs
+        fill = total / (-(-total // slots) * slots)
+        if fill >= MIN_WAVE_FILL:
+            return splits
+        if fill > best_fill + 1e-9:
+            best_fill, best = fill, splits
+    return best
+
+
 def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                   table_width: int, block_size: int, device: torch.device,
                   num_splits: Optional[int] = None, block_n: Optional[int] = None,
                   num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                  num_sms: Optional[int] = None) -> LaunchConfig:
+                  num_sms: Optional[int] = None, programs_per_sm: Optional[int] = None,
+                  resident_per_sm: Optional[int] = None,
+                  min_split_tokens: Optional[int] = None, exact_tiles: Optional[bool] = None,
+                  heads_first: Optional[bool] = None) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
-    Splits: enough (query tile x KV head x split) programs for ~16 per SM, each
-    split at least 256 tokens, at most 512 splits.
+    Tiles: ``DECODE_TILES`` when a query tile has at most 16 rows, else
+    ``SHORT_BLOCK_TILES`` for tables of at most ``SHORT_TABLE_TOKENS`` tokens and
+    ``BLOCK_TILES`` for longer ones (each knob given here overrides its default). Splits
+    (``wave_fit_splits``): the fewest that fill whole waves of
+    ``resident_per_sm x SMs`` programs, each split at least ``min_split_tokens``
+    (256) tokens, at most 512 splits. With ``programs_per_sm`` the earlier rule:
+    ``ceil(programs_per_sm x SMs / programs)`` splits, same bounds.
     """
     mean_q = max(1, -(-num_tokens // max(num_reqs, 1)))
     block_q = min(triton.next_power_of_2(mean_q), max(1, 64 // group))
     block_m = max(16, triton.next_power_of_2(block_q * group))
-    block_n = block_n or (64 if device.type == "cuda" else 16)
     max_kv = max(table_width * block_size, 1)
+    if block_m <= 16:
+        tiles = DECODE_TILES
+    else:
+        tiles = SHORT_BLOCK_TILES if max_kv <= SHORT_TABLE_TOKENS else BLOCK_TILES
+    on_gpu = device.type == "cuda"
+    block_n = block_n or (tiles.block_n if on_gpu else 16)
     if num_splits is None:
-        sms = num_sms or (_num_sms(device.index or 0) if device.type == "cuda" else 4)
+        sms = num_sms or (_num_sms(device.index or 0) if on_gpu else 4)
+        min_tokens = min_split_tokens or DEFAULT_MIN_SPLIT_TOKENS
         programs = max(1, num_reqs * -(-mean_q // block_q) * num_kv_heads)
-        wanted = -(-16 * sms // programs)
-        num_splits = max(1, min(wanted, -(-max_kv // 256), 512))
+        max_splits = max(1, min(-(-max_kv // min_tokens), MAX_SPLITS))
+        if programs_per_sm is not None:
+            num_splits = max(1, min(-(-programs_per_sm * sms // programs), max_splits))
+        else:
+            slots = (resident_per_sm or tiles.resident_per_sm) * sms
+            num_splits = wave_fit_splits(programs, slots, max_kv, block_n, max_splits)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} is invalid: expected a positive int")
-    tokens_per_split = -(-max_kv // num_splits)
-    tokens_per_split = -(-tokens_per_split // block_n) * block_n
-    num_splits = -(-max_kv // tokens_per_split)
+    num_splits, tokens_per_split = _rounded_splits(max_kv, num_splits, block_n)
+    exact = (tiles.exact_tiles if exact_tiles is None else bool(exact_tiles)) and block_q == 1
+    heads = tiles.heads_first if heads_first is None else bool(heads_first)
+    grid_tiles = num_tokens if exact else num_tokens // block_q + num_reqs
     return LaunchConfig(block_q, block_m, block_n, num_splits, tokens_per_split,
-                        num_warps or 4, num_stages or (3 if device.type == "cuda" else 1))
+                        num_warps or tiles.num_warps,
+                        num_stages or (tiles.num_stages if on_gpu else 1),
+                        exact_tiles=exact,
+                        heads_first=heads and grid_tiles <= 65535)  # grid y limit
 
 
 def paged_attention_triton(
@@ -260,7 +389,7 @@ def paged_attention_triton(
     num_splits: Optional[int] = None, block_n: Optional[int] = None,
     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
     kv_offset: Optional[torch.Tensor] = None, window_size: Optional[int] = None,
-    future_offset: int = 0,
+    future_offset: int = 0, **launch,
 ) -> torch.Tensor:
     """``dspark.paged_attention`` semantics (``paged_attention_ref``) in Triton.
 
@@ -268,10 +397,14 @@ def paged_attention_triton(
     window (see the reference). The first KV tile a query tile reads is the
     block of its first query's lower bound; splits wholly below it exit at once.
     ``out [T, Hq, D]`` (query's dtype) is written in place when given.
-    ``num_splits``/``block_n``/``num_warps``/``num_stages`` override the
-    launch heuristics (tests, tuning); the result does not depend on them
-    beyond float rounding.
+    ``num_splits``/``block_n``/``num_warps``/``num_stages`` and the other
+    ``LAUNCH_KNOBS`` (keyword only: ``programs_per_sm``, ``min_split_tokens``,
+    ``exact_tiles``, ``heads_first``) override the launch heuristics (tests,
+    tuning); the result does not depend on them beyond float rounding.
     """
+    unknown = sorted(set(launch) - set(LAUNCH_KNOBS))
+    if unknown:
+        raise ValueError(f"launch options {unknown} are invalid: expected some of {LAUNCH_KNOBS}")
     _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc)
     check_window_args(window_size, future_offset)
     if kv_offset is not None and tuple(kv_offset.shape) != tuple(seq_lens.shape):
@@ -291,7 +424,8 @@ def paged_attention_triton(
     if block_table.shape[1] == 0:  # no KV anywhere: every query sees nothing
         return out.zero_()
     cfg = choose_launch(num_tokens, num_reqs, num_kv_heads, group, block_table.shape[1],
-                        block_size, query.device, num_splits, block_n, num_warps, num_stages)
+                        block_size, query.device, num_splits, block_n, num_warps, num_stages,
+                        **launch)
     if cfg.num_splits > 1:
         parts = torch.empty((num_tokens, num_heads, cfg.num_splits, head_dim),
                             dtype=torch.float32, device=query.device)
@@ -301,7 +435,7 @@ def paged_attention_triton(
         parts = lse = out  # unused
     block_d = max(16, triton.next_power_of_2(head_dim))
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
-    grid = (num_tokens // cfg.block_q + num_reqs, num_kv_heads, cfg.num_splits)
+    grid = cfg.grid(num_tokens, num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
         query, query.stride(0), query.stride(1),
         key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -316,8 +450,8 @@ def paged_attention_triton(
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
         WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
-        DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), EXACT_TILES=cfg.exact_tiles,
+        HEADS_FIRST=cfg.heads_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
             parts, lse, out, out.stride(0), out.stride(1), cfg.num_splits,
