@@ -9,7 +9,10 @@ their position, non-causal ones all ``seq_lens[i]`` tokens; a query that sees
 nothing outputs zeros. With ``window_size`` W (and ``future_offset`` K,
 ``kv_offset`` = absolute position of table token 0), a query at absolute
 position p also hides keys before ``lo(p) = floor(max(p + 1 + K - W, 0) / b) * b``
-(causal: its own p; non-causal: the request's last position).
+(causal: its own p; non-causal: the request's last position). With
+``sink_size`` S, keys at absolute positions ``< S_b = ceil(S / b) * b`` stay
+visible too (attention sinks); a windowed table then starts with the kept
+sink blocks (``arithmetic.window.table_token_positions``).
 
 Layout of the work:
 - one program per (query tile, KV head, KV split). A query tile is up to
@@ -26,7 +29,9 @@ Layout of the work:
   exactly ``T`` tiles, with the KV head as the fastest grid axis. After windowing
   the width is ``max_window_blocks``, so a 128k context with W=2048 launches work
   for ~2k tokens. With a window, a query tile starts at the block of its first
-  query's ``lo``; splits wholly below it exit at once.
+  query's ``lo``; splits wholly below it exit at once. With sinks it also
+  reads the table tokens ``[0, min(S_b, that lo))`` (a separate loop, compiled
+  only when S > 0): never a token twice.
 - fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
   combines the splits by their log-sum-exp.
 No host synchronisation anywhere: CUDA-graph capturable.
@@ -44,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dspark_compile.arithmetic.window import sink_tokens
 from dspark_compile.kernels.paged_attention import check_window_args
 from dspark_compile.validation import warn_once
 
@@ -76,6 +82,53 @@ def _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr, EXACT_TILES: t
 
 
 @triton.jit
+def _attend_range(
+    q, q_pos, lo, m_i, l_i, acc, n_begin, n_end,
+    table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0, v_stride1,
+    d, d_valid, scale_log2,
+    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr, SINK_TOKENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    """Online-softmax update of (m_i, l_i, acc) with the table tokens
+    ``[n_begin, n_end)``: a query row sees token t if t <= its table position
+    (causal), and t >= its ``lo`` or t < ``SINK_TOKENS`` (windowed)."""
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        kv = n0 + tl.arange(0, BLOCK_N)
+        kv_valid = kv < n_end
+        blocks = tl.load(table_row + (kv // BLOCK_SIZE) * table_stride1, mask=kv_valid,
+                         other=0).to(tl.int64)
+        offsets = kv % BLOCK_SIZE
+        k = tl.load(k_head + blocks[None, :] * k_stride0 + offsets[None, :] * k_stride1
+                    + d[:, None], mask=kv_valid[None, :] & d_valid[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2   # [M, N]
+        visible = kv_valid[None, :]
+        if CAUSAL:
+            visible = visible & (kv[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            if SINK_TOKENS > 0:
+                visible = visible & ((kv[None, :] >= lo[:, None])
+                                     | (kv[None, :] < SINK_TOKENS))
+            else:
+                visible = visible & (kv[None, :] >= lo[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # all masked so far: no NaN
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1
+                    + d[None, :], mask=kv_valid[:, None] & d_valid[None, :], other=0.0)
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, q_stride0, q_stride1,
     k_ptr, k_stride0, k_stride1, k_stride2,
@@ -90,7 +143,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    SINK_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
@@ -129,24 +182,35 @@ def _paged_attention_kernel(
         last_q = tl.minimum(local_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
         kv_end = seq_len - q_len + last_q + 1
     kv_begin = 0
+    lo = q_pos  # unused unless WINDOWED
     if WINDOWED:  # per-query lower bound lo(p), in table coordinates
-        offset = 0
+        # Table token t is at absolute position t + shift (t >= kept), or t (t < kept:
+        # the kept sink blocks in front of the window); without sinks kept = 0.
+        shift = 0
         if HAS_OFFSET:
-            offset = tl.load(offset_ptr + req)
+            shift = tl.load(offset_ptr + req)
         if CAUSAL:
             anchor = q_pos                                   # each query's own position
             first_anchor = seq_len - q_len + local_tile * BLOCK_Q
         else:
             anchor = tl.zeros([BLOCK_M], tl.int32) + (seq_len - 1)   # the request's last
             first_anchor = seq_len - 1
-        lo = (tl.maximum(offset + anchor + 1 + future_offset - window_size, 0)
-              // BLOCK_SIZE * BLOCK_SIZE - offset)
+        if SINK_TOKENS > 0 and HAS_OFFSET:
+            kept = tl.minimum(shift, SINK_TOKENS)
+            shift = shift - kept
+            # anchors inside the kept sinks sit at their own table position
+            anchor = tl.where(anchor < kept, anchor - shift, anchor)
+            first_anchor = tl.where(first_anchor < kept, first_anchor - shift, first_anchor)
+        lo = (tl.maximum(shift + anchor + 1 + future_offset - window_size, 0)
+              // BLOCK_SIZE * BLOCK_SIZE - shift)
         # lo never decreases with the position: the tile's first query bounds them all
         kv_begin = tl.maximum(
-            tl.maximum(offset + first_anchor + 1 + future_offset - window_size, 0)
-            // BLOCK_SIZE * BLOCK_SIZE - offset, 0)
+            tl.maximum(shift + first_anchor + 1 + future_offset - window_size, 0)
+            // BLOCK_SIZE * BLOCK_SIZE - shift, 0)
     split_begin = tl.maximum(split * tokens_per_split, kv_begin)
     split_end = tl.minimum(split * tokens_per_split + tokens_per_split, kv_end)
+    if SINK_TOKENS > 0:  # table tokens [0, S_b) below the window: always visible
+        sink_end = tl.minimum(tl.minimum(SINK_TOKENS, kv_begin), split_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -154,34 +218,17 @@ def _paged_attention_kernel(
     table_row = table_ptr + req.to(tl.int64) * table_stride0
     k_head = k_ptr + kv_head.to(tl.int64) * k_stride2
     v_head = v_ptr + kv_head.to(tl.int64) * v_stride2
-    for n0 in range(split_begin, split_end, BLOCK_N):
-        kv = n0 + tl.arange(0, BLOCK_N)
-        kv_valid = kv < split_end
-        blocks = tl.load(table_row + (kv // BLOCK_SIZE) * table_stride1, mask=kv_valid,
-                         other=0).to(tl.int64)
-        offsets = kv % BLOCK_SIZE
-        k = tl.load(k_head + blocks[None, :] * k_stride0 + offsets[None, :] * k_stride1
-                    + d[:, None], mask=kv_valid[None, :] & d_valid[:, None], other=0.0)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2   # [M, N]
-        visible = kv_valid[None, :]
-        if CAUSAL:
-            visible = visible & (kv[None, :] <= q_pos[:, None])
-        if WINDOWED:
-            visible = visible & (kv[None, :] >= lo[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # all masked so far: no NaN
-        p = tl.exp2(scores - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1
-                    + d[None, :], mask=kv_valid[:, None] & d_valid[None, :], other=0.0)
-        if UPCAST_DOT:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    if SINK_TOKENS > 0:  # the sinks below the tile's window: a second, disjoint range
+        m_i, l_i, acc = _attend_range(
+            q, q_pos, lo, m_i, l_i, acc, split * tokens_per_split, sink_end,
+            table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0,
+            v_stride1, d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED,
+            SINK_TOKENS, DOT_PRECISION, UPCAST_DOT)
+    m_i, l_i, acc = _attend_range(
+        q, q_pos, lo, m_i, l_i, acc, split_begin, split_end,
+        table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0, v_stride1,
+        d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED, SINK_TOKENS,
+        DOT_PRECISION, UPCAST_DOT)
 
     empty = l_i == 0.0
     result = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -389,13 +436,19 @@ def paged_attention_triton(
     num_splits: Optional[int] = None, block_n: Optional[int] = None,
     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
     kv_offset: Optional[torch.Tensor] = None, window_size: Optional[int] = None,
-    future_offset: int = 0, **launch,
+    future_offset: int = 0, sink_size: int = 0, **launch,
 ) -> torch.Tensor:
     """``dspark.paged_attention`` semantics (``paged_attention_ref``) in Triton.
 
     ``kv_offset [R]`` / ``window_size`` / ``future_offset``: the per-token draft
     window (see the reference). The first KV tile a query tile reads is the
     block of its first query's lower bound; splits wholly below it exit at once.
+    ``sink_size`` S (needs ``window_size``): table tokens ``< S_b = ceil(S / b) * b``
+    stay visible beside the window. With ``kv_offset`` the table starts with
+    ``kept = min(S_b, kv_offset[i])`` sink tokens (absolute positions ``0 ..
+    kept - 1``) and token ``t >= kept`` is at ``kv_offset[i] + t - kept``; each
+    query tile then reads two disjoint ranges, ``[0, min(S_b, first lo))`` and
+    its window. S = 0 compiles the kernel without any sink code.
     ``out [T, Hq, D]`` (query's dtype) is written in place when given.
     ``num_splits``/``block_n``/``num_warps``/``num_stages`` and the other
     ``LAUNCH_KNOBS`` (keyword only: ``programs_per_sm``, ``min_split_tokens``,
@@ -406,7 +459,7 @@ def paged_attention_triton(
     if unknown:
         raise ValueError(f"launch options {unknown} are invalid: expected some of {LAUNCH_KNOBS}")
     _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc)
-    check_window_args(window_size, future_offset)
+    check_window_args(window_size, future_offset, sink_size)
     if kv_offset is not None and tuple(kv_offset.shape) != tuple(seq_lens.shape):
         raise ValueError(f"kv_offset {tuple(kv_offset.shape)} is invalid: expected one offset "
                          f"per request, {tuple(seq_lens.shape)}")
@@ -450,6 +503,7 @@ def paged_attention_triton(
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
         WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
+        SINK_TOKENS=sink_tokens(sink_size, block_size),
         DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), EXACT_TILES=cfg.exact_tiles,
         HEADS_FIRST=cfg.heads_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:

@@ -80,11 +80,8 @@ def _paged_attention_cuda(query, key_cache, value_cache, block_table, seq_lens,
     torch reference for dtypes/layouts it does not handle."""
     from dspark_compile.kernels import paged_attention_triton as kernel
 
-    window = dict(kv_offset=kv_offset, window_size=window_size, future_offset=future_offset)
-    if sink_size:  # the Triton kernel has no sink mapping yet: the reference
-        kernel.warn_fallback(f"sink_size={sink_size}")
-        return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                                   query_start_loc, scale, causal, sink_size=sink_size, **window)
+    window = dict(kv_offset=kv_offset, window_size=window_size, future_offset=future_offset,
+                  sink_size=sink_size)
     if kernel.supports(query, key_cache, value_cache):
         return kernel.paged_attention_triton(query, key_cache, value_cache, block_table,
                                              seq_lens, query_start_loc, scale, causal,

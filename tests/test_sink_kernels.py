@@ -1,0 +1,243 @@
+"""Attention sinks in the Triton kernels and the run-time adapter.
+
+The paged-attention kernel (per-token causal form with ``kv_offset``, the
+full table with a window, and plain windowed decode / non-causal tables), the
+fused window-metadata kernel and ``SlidingWindowAdapter``, against the torch
+reference, the window arithmetic and a dense float64 mask built from
+positions in plain Python. Without a GPU the kernels run on CPU tensors in the
+Triton interpreter (conftest sets TRITON_INTERPRET=1); outputs are poisoned
+(NaN / a sentinel) before each run so unwritten elements fail.
+"""
+
+import pytest
+import torch
+
+import dspark_compile  # noqa: F401  (registers torch.ops.dspark)
+from dspark_compile.arithmetic import window
+from dspark_compile.kernels.paged_attention import paged_attention_ref
+from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
+from dspark_compile.models import make_paged_batch, random_kv_cache
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _lo(p, W, b, K):
+    return max(p + 1 + K - W, 0) // b * b
+
+
+def dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
+                         query_start_loc, scale, causal, W, K, S):
+    """float64 attention over the FULL table with the explicit mask: a query at
+    p sees j if ``j <= p`` (causal) and ``j < S_b or j >= lo(anchor)`` (anchor:
+    p if causal, else the request's last position); W None: no window."""
+    b, group = key_cache.shape[1], query.shape[1] // key_cache.shape[2]
+    sink_b = -(-S // b) * b
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    locs = query_start_loc.tolist()
+    for i, s in enumerate(seq_lens.tolist()):
+        q_len = locs[i + 1] - locs[i]
+        if q_len == 0 or s == 0:
+            continue
+        blocks = block_table[i, :-(-s // b)].long()
+        k = key_cache[blocks].flatten(0, 1)[:s].double().cpu().repeat_interleave(group, 1)
+        v = value_cache[blocks].flatten(0, 1)[:s].double().cpu().repeat_interleave(group, 1)
+        mask = torch.zeros(q_len, s, dtype=torch.bool)
+        for r in range(q_len):
+            p = s - q_len + r
+            anchor = p if causal else s - 1
+            for j in range(s):
+                in_window = W is None or j < sink_b or j >= _lo(anchor, W, b, K)
+                mask[r, j] = (j <= p or not causal) and in_window
+        q = query[locs[i]:locs[i + 1]].double().cpu()
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
+        out[locs[i]:locs[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v)
+    return out
+
+
+# seq_lens, q_lens, W, b, K, S, (Hq, Hkv): the edge cases sinks must get right.
+CASES = {
+    "empty request, seq < b": ([50, 0, 3, 21], [20, 0, 3, 0], 12, 8, 0, 8, (4, 2)),
+    "W > seq": ([30, 12], [12, 5], 200, 4, 0, 4, (4, 2)),
+    "window starts inside the sinks": ([40, 25], [6, 3], 16, 4, 0, 24, (4, 1)),
+    "S and W not multiples of b": ([61, 47], [17, 9], 13, 8, 2, 5, (6, 2)),
+    "S > seq": ([20, 9], [4, 2], 8, 4, 0, 100, (4, 2)),
+    "q_len > W (multi-token causal)": ([40, 33], [24, 30], 8, 4, 0, 4, (8, 2)),
+    "mixed decode and prefill": ([64, 35, 9, 100], [1, 20, 1, 33], 12, 4, 1, 8, (4, 4)),
+    "long, several sink blocks": ([300, 170], [40, 1], 32, 16, 0, 40, (16, 2)),
+}
+
+
+def _case(name, device=DEVICE, dtype=torch.float32, seed=None):
+    seq_lens, q_lens, W, b, K, S, (hq, hkv) = CASES[name]
+    gen = torch.Generator().manual_seed(len(name) if seed is None else seed)
+    batch = make_paged_batch(seq_lens, q_lens, b, device=device, generator=gen)
+    kc, vc = random_kv_cache(batch.num_blocks, b, hkv, 16, dtype=dtype, device=device,
+                             generator=gen)
+    q = torch.randn(batch.num_tokens, hq, 16, generator=gen).to(device, dtype)
+    return batch, q, kc, vc, W, b, K, S
+
+
+def _triton(*args, **kwargs):
+    q = args[0]
+    out = torch.full_like(q, float("nan"))
+    got = paged_attention_triton(*args, out=out, **kwargs)
+    assert got.data_ptr() == out.data_ptr()
+    assert not torch.isnan(got).any(), "unwritten or NaN output"
+    return got
+
+
+def _close(got, want, tol=1e-5):
+    torch.testing.assert_close(got.double().cpu(), want.double().cpu(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_causal_windowed_table_with_sinks_matches_reference_and_dense_mask(name):
+    """The per-token causal form the window pass inserts: the table from the first
+    query's window with the kept sink blocks in front, ``kv_offset`` = the window's
+    first key; the kernel maps table tokens to positions and applies each query's
+    lo(p) and the sinks. One split and several (sink range and window range split
+    differently)."""
+    batch, q, kc, vc, W, b, K, S = _case(name)
+    lens, table, offset = window.causal_window_metadata(
+        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
+        max_query_len=batch.num_tokens, sink_size=S)
+    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
+                                batch.query_start_loc, 0.3, True, W, K, S)
+    windowed = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, True)
+    window_args = dict(kv_offset=offset, window_size=W, future_offset=K, sink_size=S)
+    ref = paged_attention_ref(*windowed, **window_args)
+    _close(ref, want)
+    for splits in (1, 3):
+        got = _triton(*windowed, num_splits=splits, **window_args)
+        _close(got, want)
+        _close(got, ref)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", ["empty request, seq < b", "window starts inside the sinks",
+                                  "S and W not multiples of b", "long, several sink blocks"])
+def test_full_table_with_window_and_sinks(name, causal):
+    """No kv_offset: the kernel windows the FULL table itself (sinks = table
+    tokens < S_b); causal queries by their own position, non-causal by the last."""
+    batch, q, kc, vc, W, b, K, S = _case(name, seed=7)
+    args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.25, causal)
+    want = dense_sink_attention(*args, W, K, S)
+    _close(paged_attention_ref(*args, window_size=W, future_offset=K, sink_size=S), want)
+    got = _triton(*args, num_splits=2, window_size=W, future_offset=K, sink_size=S)
+    _close(got, want)
+
+
+@pytest.mark.parametrize("name", ["empty request, seq < b", "window starts inside the sinks",
+                                  "S and W not multiples of b", "S > seq", "mixed decode and "
+                                  "prefill", "long, several sink blocks"])
+def test_non_causal_and_decode_tables_need_no_kernel_change(name):
+    """Decode and non-causal blocks: the sinks are just leading table columns, so
+    the kernel WITHOUT window arguments over the windowed (lengths, table) equals
+    the dense mask with the window of the request's last position."""
+    batch, q, kc, vc, W, b, K, S = _case(name, seed=3)
+    lens, table = window.window_seq_lens_and_block_table(
+        batch.seq_lens, batch.block_table, W, b, K, sink_size=S)
+    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
+                                batch.query_start_loc, 0.3, False, W, K, S)
+    got = _triton(q, kc, vc, table, lens, batch.query_start_loc, 0.3, False, num_splits=2)
+    _close(got, want)
+    decode_locs = torch.arange(len(batch.seq_lens) + 1, dtype=batch.query_start_loc.dtype,
+                               device=q.device)
+    decode_q = q[:len(batch.seq_lens)].contiguous()
+    want = dense_sink_attention(decode_q, kc, vc, batch.block_table, batch.seq_lens,
+                                decode_locs, 0.3, True, W, K, S)
+    got = _triton(decode_q, kc, vc, table, lens, decode_locs, 0.3, True)
+    _close(got, want)
+
+
+def test_random_cases_against_the_reference():
+    """Seeded random shapes (b, W, K, S, lengths, GQA) on the per-token form."""
+    gen = torch.Generator().manual_seed(13)
+
+    def rand(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    for _ in range(6):
+        b = [1, 2, 4, 8, 16][rand(0, 4)]
+        W = rand(2, 40)
+        K = rand(0, min(W - 1, 3))
+        S = rand(0, 40)
+        hkv, group = rand(1, 2), rand(1, 4)
+        seq_lens = [rand(0, 120) for _ in range(rand(1, 4))]
+        q_lens = [rand(0, min(s, 12)) for s in seq_lens]
+        batch = make_paged_batch(seq_lens, q_lens, b, device=DEVICE, generator=gen)
+        if batch.num_tokens == 0:
+            continue
+        kc, vc = random_kv_cache(batch.num_blocks, b, hkv, 16, device=DEVICE, generator=gen)
+        q = torch.randn(batch.num_tokens, hkv * group, 16, generator=gen).to(DEVICE)
+        lens, table, offset = window.causal_window_metadata(
+            batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
+            max_query_len=batch.num_tokens, sink_size=S)
+        window_args = dict(kv_offset=offset, window_size=W, future_offset=K, sink_size=S)
+        windowed = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, True)
+        want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
+                                    batch.query_start_loc, 0.3, True, W, K, S)
+        _close(paged_attention_ref(*windowed, **window_args), want)
+        _close(_triton(*windowed, num_splits=rand(1, 3), **window_args), want)
+
+
+def test_zero_sinks_is_bit_identical_and_bad_sink_size_is_refused():
+    batch, q, kc, vc, W, b, K, _ = _case("mixed decode and prefill")
+    lens, table, offset = window.causal_window_metadata(
+        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
+        max_query_len=batch.num_tokens)
+    args = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, True)
+    plain = _triton(*args, kv_offset=offset, window_size=W, future_offset=K)
+    zero = _triton(*args, kv_offset=offset, window_size=W, future_offset=K, sink_size=0)
+    assert torch.equal(plain, zero)
+    with pytest.raises(ValueError, match="sink_size=4 is invalid"):
+        paged_attention_triton(*args, sink_size=4)           # no window
+    with pytest.raises(ValueError, match="sink_size=-1 is invalid"):
+        paged_attention_triton(*args, window_size=W, sink_size=-1)
+
+
+def test_cuda_registration_runs_the_kernel_with_sinks_in_bf16(caplog):
+    """The op's CUDA entry point (on CPU tensors here) takes the Triton kernel
+    with sinks: no reference fallback, bf16 result close to the dense mask."""
+    from dspark_compile.ops.paged_attention import _paged_attention_cuda
+
+    batch, q, kc, vc, W, b, K, S = _case("window starts inside the sinks")
+    lens, table, offset = window.causal_window_metadata(
+        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
+        max_query_len=batch.num_tokens, sink_size=S)
+    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
+                                batch.query_start_loc, 0.3, True, W, K, S)
+    with caplog.at_level("WARNING"):
+        got = _paged_attention_cuda(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), table, lens,
+                                    batch.query_start_loc, 0.3, True, offset, W, K, S)
+    assert got.dtype == torch.bfloat16
+    assert "no Triton kernel" not in caplog.text
+    _close(got, want, tol=3e-2)
+
+
+# --------------------------------------------------------------- CUDA (run on a GPU)
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels on CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sink_kernels_on_cuda_match_the_reference(dtype):
+    """A moderate size on the GPU: 8 requests, contexts up to 3k, causal blocks of
+    up to 48 queries and decodes, W=256, b=16, S=40 (3 sink blocks), GQA 4: the
+    op on the causal windowed table against the reference on the full table."""
+    gen = torch.Generator().manual_seed(0)
+    seq_lens = [3000, 2049, 700, 257, 40, 1, 1500, 999]
+    q_lens = [48, 1, 33, 1, 17, 1, 1, 16]
+    W, b, K, S = 256, 16, 0, 40
+    batch = make_paged_batch(seq_lens, q_lens, b, device="cuda", generator=gen)
+    kc, vc = random_kv_cache(batch.num_blocks, b, 2, 64, dtype=dtype, device="cuda",
+                             generator=gen)
+    q = torch.randn(batch.num_tokens, 8, 64, generator=gen).to("cuda", dtype)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    full = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.125)
+    lens, table, offset = window.causal_window_metadata(
+        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
+        max_query_len=batch.num_tokens, sink_size=S)
+    want = paged_attention_ref(*full, True, window_size=W, future_offset=K, sink_size=S)
+    got = torch.ops.dspark.paged_attention(q, kc, vc, table, lens, batch.query_start_loc,
+                                           0.125, True, offset, W, K, S)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
