@@ -13,10 +13,13 @@ import pytest
 import torch
 
 import dspark_compile  # noqa: F401  (registers torch.ops.dspark)
+from dspark_compile import DraftWindowConfig
 from dspark_compile.arithmetic import window
 from dspark_compile.kernels.paged_attention import paged_attention_ref
 from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
+from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
+from dspark_compile.runtime import SlidingWindowAdapter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -216,14 +219,101 @@ def test_cuda_registration_runs_the_kernel_with_sinks_in_bf16(caplog):
     _close(got, want, tol=3e-2)
 
 
+# ------------------------------------------------ window metadata kernel and adapter
+
+@pytest.mark.parametrize("W,b,K,S", [(100, 16, 0, 16), (10, 4, 2, 5), (2000, 16, 0, 48),
+                                     (12, 4, 0, 40), (24, 8, 1, 1)])
+@pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
+def test_window_metadata_with_sinks_equals_the_arithmetic(W, b, K, S, table_dtype):
+    """Random tables and lengths (0, 1, b, window inside the sinks, S > seq):
+    lengths, start and table equal ``window_seq_lens_and_block_table(...,
+    sink_size=S)`` / ``compute_window``; rows past num_reqs stay untouched."""
+    gen = torch.Generator().manual_seed(W + b + S)
+    seq_lens = torch.randint(0, 300, (11,), generator=gen, dtype=torch.int32)
+    seq_lens[:5] = torch.tensor([0, 1, b, W + b, S + 1])
+    table = torch.randint(1, 1000, (11, 20), generator=gen).to(table_dtype)
+    seq_lens, table = seq_lens.to(DEVICE), table.to(DEVICE)
+    cols = window.max_window_blocks(W, b, sink_size=S)
+    buffer = torch.full((13, cols), -7, dtype=torch.int32, device=DEVICE)  # poisoned
+    lens, start, out = window_metadata_triton(seq_lens, table, W, b, K, out_table=buffer[:11],
+                                              sink_size=S)
+    want_lens, want_table = window.window_seq_lens_and_block_table(seq_lens, table, W, b, K,
+                                                                   sink_size=S)
+    assert torch.equal(lens, want_lens)
+    assert torch.equal(start, window.compute_window(seq_lens, W, b, K, sink_size=S).start)
+    assert torch.equal(out.long(), want_table.long())
+    assert torch.all(buffer[11:] == -7), "rows past num_reqs must stay untouched"
+    with pytest.raises(ValueError, match=f"expected \\(11, {cols}\\)"):
+        window_metadata_triton(seq_lens, table, W, b, K, sink_size=S,
+                               out_table=buffer[:11, :cols - 1])
+
+
+def test_window_metadata_zero_sinks_and_empty_table():
+    seq_lens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
+    table = torch.randint(1, 99, (2, 12), dtype=torch.int32).to(DEVICE)
+    assert all(torch.equal(x, y) for x, y in zip(
+        window_metadata_triton(seq_lens, table, 8, 4, sink_size=0),
+        window_metadata_triton(seq_lens, table, 8, 4)))
+    lens, start, out = window_metadata_triton(
+        seq_lens, table[:, :0], 8, 4, sink_size=6)
+    assert lens.tolist() == [5, 16] and start.tolist() == [0, 32]
+    assert out.shape == (2, 5) and torch.all(out == 0)
+    with pytest.raises(ValueError, match="sink_size=-2 is invalid"):
+        window_metadata_triton(seq_lens, table, 8, 4, sink_size=-2)
+
+
+def test_adapter_with_sinks_fused_equals_eager_and_the_arithmetic():
+    gen = torch.Generator().manual_seed(5)
+    W, b, K, S = 24, 8, 1, 12
+    fused = SlidingWindowAdapter(W, b, max_num_reqs=6, future_offset=K, device=DEVICE,
+                                 fused=True, sink_size=S)
+    eager = SlidingWindowAdapter(W, b, max_num_reqs=6, future_offset=K, device=DEVICE,
+                                 fused=False, sink_size=S)
+    assert fused.block_table_buffer.shape == (6, window.max_window_blocks(W, b, sink_size=S))
+    ptr = fused.block_table_buffer.data_ptr()
+    for _ in range(2):
+        seq_lens = torch.randint(0, 120, (5,), generator=gen, dtype=torch.int32).to(DEVICE)
+        table = torch.randint(1, 500, (5, 16), generator=gen, dtype=torch.int32).to(DEVICE)
+        got = fused.apply(seq_lens, table, seq_lens_cpu=seq_lens.cpu(), max_seq_len=120)
+        want = eager.apply(seq_lens, table, seq_lens_cpu=seq_lens.cpu(), max_seq_len=120)
+        want_lens, want_table = window.window_seq_lens_and_block_table(seq_lens, table, W, b,
+                                                                       K, sink_size=S)
+        assert got.block_table.data_ptr() == ptr
+        for meta in (got, want):
+            assert torch.equal(meta.block_table, want_table)
+            assert torch.equal(meta.seq_lens, want_lens)
+            assert torch.equal(meta.seq_lens_cpu, want_lens.cpu())
+            assert meta.max_seq_len == window.window_upper_bound(120, W, b, K, sink_size=S)
+        assert torch.equal(got.start, want.start)
+    assert got.max_seq_len == W - K + b - 1 + 16
+
+
+def test_adapter_from_config_takes_the_sink_option():
+    config = DraftWindowConfig(draft_window_size=64, method="eagle3", num_speculative_tokens=3,
+                               draft_sink_size=20)
+    adapter = SlidingWindowAdapter.from_config(config, max_num_reqs=4, block_size=16)
+    assert (adapter.window_size, adapter.block_size, adapter.future_offset,
+            adapter.sink_size) == (64, 16, 3, 20)
+    assert adapter.block_table_buffer.shape == (4, window.max_window_blocks(64, 16) + 2)
+    own_b = DraftWindowConfig(draft_window_size=64, block_size=8, draft_sink_size=1)
+    assert SlidingWindowAdapter.from_config(own_b, 2, block_size=16).block_size == 8
+    with pytest.raises(ValueError, match="block_size=None is invalid"):
+        SlidingWindowAdapter.from_config(DraftWindowConfig(draft_window_size=64), 2)
+    with pytest.raises(ValueError, match="window is off"):
+        SlidingWindowAdapter.from_config(DraftWindowConfig(), 2, block_size=16)
+    with pytest.raises(ValueError, match="sink_size=-1 is invalid"):
+        SlidingWindowAdapter(64, 16, 2, sink_size=-1)
+
+
 # --------------------------------------------------------------- CUDA (run on a GPU)
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels on CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sink_kernels_on_cuda_match_the_reference(dtype):
     """A moderate size on the GPU: 8 requests, contexts up to 3k, causal blocks of
-    up to 48 queries and decodes, W=256, b=16, S=40 (3 sink blocks), GQA 4: the
-    op on the causal windowed table against the reference on the full table."""
+    up to 48 queries and decodes, W=256, b=16, S=40 (3 sink blocks), GQA 4; the
+    window metadata from the fused kernel (decode form) and the arithmetic
+    (causal form) against the reference on the full table."""
     gen = torch.Generator().manual_seed(0)
     seq_lens = [3000, 2049, 700, 257, 40, 1, 1500, 999]
     q_lens = [48, 1, 33, 1, 17, 1, 1, 16]
@@ -240,4 +330,9 @@ def test_sink_kernels_on_cuda_match_the_reference(dtype):
     want = paged_attention_ref(*full, True, window_size=W, future_offset=K, sink_size=S)
     got = torch.ops.dspark.paged_attention(q, kc, vc, table, lens, batch.query_start_loc,
                                            0.125, True, offset, W, K, S)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    lens, start, table = window_metadata_triton(batch.seq_lens, batch.block_table, W, b, K,
+                                                sink_size=S)
+    want = paged_attention_ref(*full, False, window_size=W, future_offset=K, sink_size=S)
+    got = paged_attention_triton(q, kc, vc, table, lens, batch.query_start_loc, 0.125, False)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)

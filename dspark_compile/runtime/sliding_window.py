@@ -16,6 +16,7 @@ import torch
 from dspark_compile.arithmetic.window import (
     compute_window, gather_window_block_table, max_window_blocks, window_seq_lens,
     window_upper_bound)
+from dspark_compile.config import DraftWindowConfig
 from dspark_compile.validation import check_int
 
 
@@ -25,6 +26,9 @@ class WindowedMetadata:
 
     ``block_table`` is a view of the adapter's persistent buffer;
     ``full_block_table`` is the unmodified table, kept for KV writes.
+    ``start`` is the absolute position of the window's first key; with sinks
+    the table holds ``min(ceil(S / b), start // b)`` sink blocks before it and
+    ``seq_lens`` counts their tokens (``arithmetic.window``).
     """
 
     seq_lens: torch.Tensor
@@ -38,24 +42,45 @@ class WindowedMetadata:
 class SlidingWindowAdapter:
     """Stateful window for runner integrations (outside torch.compile).
 
-    Owns a persistent ``[max_num_reqs, max_window_blocks]`` block-table buffer
-    that every ``apply`` overwrites in place, so its ``data_ptr()`` is stable
-    across steps (CUDA-graph friendly). ``slot_mapping`` is never touched.
+    Owns a persistent ``[max_num_reqs, max_window_blocks(W, b, sink_size=S)]``
+    block-table buffer that every ``apply`` overwrites in place, so its
+    ``data_ptr()`` is stable across steps (CUDA-graph friendly).
+    ``slot_mapping`` is never touched. ``sink_size`` S: the first ``ceil(S / b)``
+    blocks stay visible beside the window (attention sinks; 0: none).
     ``fused``: one Triton launch instead of ~8 torch ops; ``None`` = on CUDA
     tensors only.
     """
 
     def __init__(self, window_size: int, block_size: int, max_num_reqs: int,
                  future_offset: int = 0, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.int32, fused: Optional[bool] = None) -> None:
+                 dtype: torch.dtype = torch.int32, fused: Optional[bool] = None,
+                 sink_size: int = 0) -> None:
         check_int("max_num_reqs", max_num_reqs)
         self.fused = fused
         self.window_size = window_size
         self.block_size = block_size
         self.future_offset = future_offset
-        self.max_window_blocks = max_window_blocks(window_size, block_size)
+        self.sink_size = sink_size
+        self.max_window_blocks = max_window_blocks(window_size, block_size,
+                                                   sink_size=sink_size)
         self.block_table_buffer = torch.zeros(
             (max_num_reqs, self.max_window_blocks), dtype=dtype, device=device)
+
+    @classmethod
+    def from_config(cls, config: DraftWindowConfig, max_num_reqs: int,
+                    block_size: Optional[int] = None, **kwargs) -> "SlidingWindowAdapter":
+        """An adapter with W, K and S (``draft_sink_size``) from ``config``; b from
+        ``config.block_size``, else ``block_size``. ``kwargs``: device, dtype, fused."""
+        if not config.enabled:
+            raise ValueError("config has draft_window_size=None: the window is off, there "
+                             "is nothing to adapt")
+        b = config.block_size if config.block_size is not None else block_size
+        if b is None:
+            raise ValueError("block_size=None is invalid: config.block_size is None too; "
+                             "pass the kernel block size")
+        return cls(config.draft_window_size, b, max_num_reqs,
+                   future_offset=config.resolved_future_offset,
+                   sink_size=config.draft_sink_size, **kwargs)
 
     def apply(self, seq_lens: torch.Tensor, block_table: torch.Tensor,
               seq_lens_cpu: Optional[torch.Tensor] = None,
@@ -76,12 +101,12 @@ class SlidingWindowAdapter:
 
             windowed_len, start, _ = window_metadata_triton(
                 seq_lens, block_table, self.window_size, self.block_size, self.future_offset,
-                out_table=out)
+                out_table=out, sink_size=self.sink_size)
         else:
             bounds = compute_window(seq_lens, self.window_size, self.block_size,
-                                    self.future_offset)
+                                    self.future_offset, sink_size=self.sink_size)
             out.copy_(gather_window_block_table(block_table, bounds.start_block, bounds.needed,
-                                                self.max_window_blocks))
+                                                self.max_window_blocks, bounds.kept_sinks))
             windowed_len, start = bounds.windowed_len, bounds.start
         return WindowedMetadata(
             seq_lens=windowed_len,
@@ -89,7 +114,9 @@ class SlidingWindowAdapter:
             full_block_table=block_table,
             start=start,
             seq_lens_cpu=None if seq_lens_cpu is None else window_seq_lens(
-                seq_lens_cpu, self.window_size, self.block_size, self.future_offset),
+                seq_lens_cpu, self.window_size, self.block_size, self.future_offset,
+                self.sink_size),
             max_seq_len=None if max_seq_len is None else window_upper_bound(
-                max_seq_len, self.window_size, self.block_size, self.future_offset),
+                max_seq_len, self.window_size, self.block_size, self.future_offset,
+                sink_size=self.sink_size),
         )
