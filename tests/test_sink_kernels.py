@@ -336,3 +336,54 @@ def test_sink_kernels_on_cuda_match_the_reference(dtype):
     want = paged_attention_ref(*full, False, window_size=W, future_offset=K, sink_size=S)
     got = paged_attention_triton(q, kc, vc, table, lens, batch.query_start_loc, 0.125, False)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def _pass_forwards_sinks() -> bool:
+    """Whether this tree's window pass gives per-token calls ``sink_size``
+    (``PerTokenWindowArgs.sink_size``, the graph-pass side of issue 13)."""
+    import dataclasses
+
+    from dspark_compile.passes.attention_registry import PerTokenWindowArgs
+
+    return "sink_size" in {f.name for f in dataclasses.fields(PerTokenWindowArgs)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels under Inductor on CUDA")
+@pytest.mark.parametrize("sink_size", [4, 40])
+def test_compiled_causal_draft_with_sinks_on_cuda_matches_the_dense_mask(sink_size):
+    """Inductor on CUDA with ``draft_sink_size``: the window code and the Triton
+    attention with sinks and per-token bounds, for a long causal block (draft
+    prefill) beside decodes (as test_per_token_window's CUDA test, plus sinks:
+    one block, and 10 blocks so the window of the short request starts inside them)."""
+    if not _pass_forwards_sinks():
+        pytest.skip("this tree's window pass does not forward draft_sink_size to per-token "
+                    "calls yet (PerTokenWindowArgs has no sink_size)")
+    from tests.draft_cases import make_draft_case
+
+    case = make_draft_case([300, 70, 9], [120, 1, 9], causal=True, seed=1)
+    W = 32
+
+    def attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+                  scale, causal):
+        return dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
+                                    query_start_loc, scale, causal, W, 0,
+                                    sink_size).to(query.dtype)
+
+    keys, values = case.clone_caches()
+    case.model.attention_override = attention
+    try:
+        with torch.no_grad():
+            want = case.model(*case.args(keys, values))
+    finally:
+        case.model.attention_override = None
+    b = case.batch
+    args = (case.hidden.cuda(), b.positions.cuda(), [k.cuda() for k in case.key_caches],
+            [v.cuda() for v in case.value_caches], b.block_table.cuda(), b.seq_lens.cuda(),
+            b.query_start_loc.cuda(), b.slot_mapping.cuda())
+    torch._dynamo.reset()
+    compiled = torch.compile(case.model.cuda(), backend="dspark", dynamic=False,
+                             options={"draft_window_size": W, "method": "dflash",
+                                      "draft_sink_size": sink_size})
+    with torch.no_grad():
+        got = compiled(*args)
+    torch.testing.assert_close(got.cpu(), want, rtol=2e-4, atol=2e-4)
