@@ -1,7 +1,7 @@
 """Draft KV sliding window on a CUDA GPU: correctness at real sizes, fused code, speed.
 
-    python benchmarks/bench_draft_window.py [--sections copy,correct,inductor,attn,bw,meta,e2e]
-                                             [--out DIR] [--quick]
+    python benchmarks/bench_draft_window.py [--sections copy,correct,inductor,attn,bw,meta,e2e,sinks]
+                                             [--out DIR] [--quick] [--sink-size 16,64]
 
 Sections (each prints progress, then a table; results go to ``--out`` or
 ``$OUT`` as ``results.md`` + ``results.json`` + the captured Inductor code):
@@ -20,6 +20,11 @@ meta      fused window-metadata kernel vs the eager torch reference,
 e2e       whole compiled DFlash reference draft step, mode="reduce-overhead"
           (CUDA graphs): correct while seq_lens change, no host sync inside
           the step, full vs windowed step time at 32k and 128k
+sinks     windowed decode with attention sinks (``--sink-size``, tokens; default
+          16,64 = 1 and 4 blocks), batch 32, W=2048, 32k and 128k: checked
+          against the reference on the full table, then timed beside S = 0
+          (decode form: fused metadata + attention; per-token causal form:
+          ``causal_window_metadata`` + attention with ``kv_offset``/``sink_size``)
 
 ``main(argv)`` is the entry point (``dspark-compile bench`` calls it).
 """
@@ -39,7 +44,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-ALL_SECTIONS = ("copy", "correct", "inductor", "attn", "bw", "meta", "e2e")
+ALL_SECTIONS = ("copy", "correct", "inductor", "attn", "bw", "meta", "e2e", "sinks")
 BLOCK = 16                       # kernel block size b
 HQ, HKV, HEAD_DIM = 32, 8, 128   # Llama-8B-like draft attention (GQA 4)
 DTYPE = torch.bfloat16
@@ -546,6 +551,67 @@ def section_meta(res: Results) -> None:
             + md_table(headers, rows))
 
 
+def section_sinks(res: Results, sink_sizes: Sequence[int]) -> bool:
+    """Windowed decode with attention sinks beside S = 0 (see the module docstring)."""
+    from dspark_compile.kernels.paged_attention import paged_attention_ref
+    from dspark_compile.kernels.window_metadata import window_metadata_triton
+    from dspark_compile.window import causal_window_metadata
+
+    window, batch_size = C(2048), B(32)
+    contexts = [C(32768), C(131072)]
+    pool = Paged([contexts[-1]] * batch_size, [1] * batch_size)
+    kc, vc = kv_cache(pool.num_blocks, seed=4)
+    scale = HEAD_DIM ** -0.5
+    rows, ok = [], True
+    for ctx in contexts:
+        lens = [max(ctx - 7 * i, 1) for i in range(batch_size)]
+        batch = Paged(lens, [1] * batch_size, pool_blocks=pool.num_blocks, seed=ctx + 1)
+        q = torch.randn(batch.num_tokens, HQ, HEAD_DIM, device=DEV, dtype=DTYPE)
+        qsl = batch.query_start_loc
+        for sink in [0] + [s for s in sink_sizes if s]:
+            def decode_form(sink=sink):
+                wlens, _, table = window_metadata_triton(batch.seq_lens, batch.block_table,
+                                                         window, BLOCK, sink_size=sink)
+                return torch.ops.dspark.paged_attention(q, kc, vc, table, wlens, qsl, scale,
+                                                        True)
+
+            def per_token_form(sink=sink):
+                wlens, table, offset = causal_window_metadata(
+                    batch.seq_lens, batch.block_table, qsl, window, BLOCK,
+                    max_query_len=batch.num_tokens, sink_size=sink)
+                return torch.ops.dspark.paged_attention(q, kc, vc, table, wlens, qsl, scale,
+                                                        True, offset, window, 0, sink)
+
+            want = paged_attention_ref(q, kc, vc, batch.block_table, batch.seq_lens, qsl,
+                                       scale, True, window_size=window,
+                                       sink_size=sink).float()
+            errs = [_relative_error(form().float(), want) for form in (decode_form,
+                                                                       per_token_form)]
+            passed = all(not nan and rel < 1e-2 for rel, _, nan in errs)
+            ok &= passed
+            times = [bench_ms(form, graph=True) for form in (decode_form, per_token_form)]
+            rows.append([ctx, sink, -(-sink // BLOCK), errs[0][0], errs[1][0],
+                         times[0] * 1e3, times[1] * 1e3, "PASS" if passed else "FAIL"])
+            log(f"sinks ctx={ctx} S={sink}: decode {times[0] * 1e3:.1f} us, per-token "
+                f"{times[1] * 1e3:.1f} us, rel err {errs[0][0]:.1e}/{errs[1][0]:.1e}")
+        del q
+    del kc, vc
+    free()
+    headers = ["context", "S tokens", "sink blocks", "rel err decode form",
+               "rel err per-token form", "decode form us", "per-token form us", "result"]
+    res.add("sinks", {"window": window, "batch": batch_size, "sink_sizes": list(sink_sizes),
+                      "headers": headers, "rows": rows, "all_pass": ok},
+            f"## 7. Windowed decode with attention sinks (batch {batch_size}, W={window}, "
+            f"b={BLOCK})\n\nOne layer, causal decode (q_len 1). Decode form: fused "
+            "window-metadata kernel (sink blocks in front of the window) + attention over "
+            "the windowed table; per-token form (what the compiled causal path runs): "
+            "`causal_window_metadata` + attention with `kv_offset`/`window_size`/"
+            "`sink_size`. Both checked against `paged_attention_ref` on the FULL table "
+            "with the same W and S (pass: rel err < 1e-2), then timed as CUDA-graph "
+            "replay medians (GPU time).\n\n" + md_table(headers, rows))
+    return ok
+
+
 def _count_kernels(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
 
@@ -675,6 +741,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT"),
                         help="directory for results.md/results.json (default: $OUT)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes (smoke test)")
+    parser.add_argument("--sink-size", default="16,64",
+                        help="comma-separated attention-sink sizes in tokens for the sinks "
+                             "section (default 16,64: 1 and 4 blocks of 16)")
     parser.add_argument("--smoke-cpu", action="store_true",
                         help="tiny sizes on the CPU (Triton interpreter): checks the script only")
     args = parser.parse_args(argv)
@@ -683,6 +752,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         DEV, SCALE, BATCH_CAP, SMOKE, HQ, HKV, HEAD_DIM = "cpu", 256, 3, True, 4, 2, 16
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    try:
+        sink_sizes = [int(s) for s in args.sink_size.split(",") if s.strip()]
+    except ValueError:
+        sink_sizes = [-1]
+    if any(s < 0 for s in sink_sizes):
+        parser.error(f"--sink-size {args.sink_size!r} is invalid: expected comma-separated "
+                     "non-negative ints (tokens)")
     unknown = sorted(set(sections) - set(ALL_SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {unknown}: expected some of {', '.join(ALL_SECTIONS)}")
@@ -713,6 +789,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 section_meta(res)
             elif section == "e2e":
                 status[section] = section_e2e(res, args.quick)
+            elif section == "sinks":
+                status[section] = section_sinks(res, sink_sizes)
         except Exception as exc:  # report and go on with the other sections
             import traceback
 

@@ -58,3 +58,22 @@ def test_main_runs_tiny_sections_on_cpu(tmp_path):
 def test_unknown_section_is_rejected(bench):
     with pytest.raises(SystemExit):
         bench.main(["--sections", "speed"])
+
+
+def test_sinks_section_runs_on_cpu(tmp_path):
+    """--sections sinks --sink-size: a tiny CPU run (the script only; the GPU run
+    checks the Triton kernels against the reference)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke-cpu", "--sections", "sinks",
+                           "--sink-size", "16,40", "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    section = json.loads((tmp_path / "results.json").read_text())["sections"]["sinks"]
+    assert section["all_pass"] and [row[1] for row in section["rows"]] == [0, 16, 40] * 2
+    assert [row[2] for row in section["rows"]] == [0, 1, 3] * 2
+
+
+def test_bad_sink_size_is_rejected(bench):
+    with pytest.raises(SystemExit):
+        bench.main(["--sections", "sinks", "--sink-size", "16,x"])
