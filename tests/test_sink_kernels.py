@@ -154,6 +154,28 @@ def test_non_causal_and_decode_tables_need_no_kernel_change(name):
     _close(got, want)
 
 
+@pytest.mark.parametrize("launch", [dict(), dict(exact_tiles=False, heads_first=False),
+                                    dict(block_n=128, num_splits=2)])
+def test_decode_launches_with_sinks(launch):
+    """Decode (one query per request) in the per-token form with sinks, under the
+    decode launch (exact tiles, KV head first), the general one, and the GPU's
+    decode KV tile (BLOCK_N 128, so one tile covers the sinks and the window)."""
+    gen = torch.Generator().manual_seed(21)
+    seq_lens, W, b, K, S = [300, 1, 17, 0, 64, 129], 40, 16, 2, 20
+    batch = make_paged_batch(seq_lens, [1 if s else 0 for s in seq_lens], b, device=DEVICE,
+                             generator=gen)
+    kc, vc = random_kv_cache(batch.num_blocks, b, 2, 16, device=DEVICE, generator=gen)
+    q = torch.randn(batch.num_tokens, 8, 16, generator=gen).to(DEVICE)
+    lens, table, offset = window.causal_window_metadata(
+        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K, max_query_len=1,
+        sink_size=S)
+    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
+                                batch.query_start_loc, 0.3, True, W, K, S)
+    got = _triton(q, kc, vc, table, lens, batch.query_start_loc, 0.3, True, kv_offset=offset,
+                  window_size=W, future_offset=K, sink_size=S, **launch)
+    _close(got, want)
+
+
 def test_random_cases_against_the_reference():
     """Seeded random shapes (b, W, K, S, lengths, GQA) on the per-token form."""
     gen = torch.Generator().manual_seed(13)
