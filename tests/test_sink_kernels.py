@@ -177,7 +177,8 @@ def test_decode_launches_with_sinks(launch):
 
 
 def test_random_cases_against_the_reference():
-    """Seeded random shapes (b, W, K, S, lengths, GQA) on the per-token form."""
+    """Seeded random shapes (b, W, K, S, lengths, GQA): the causal per-token form,
+    and non-causal blocks on the per-request table with ``kv_offset``."""
     gen = torch.Generator().manual_seed(13)
 
     def rand(lo, hi):
@@ -203,6 +204,16 @@ def test_random_cases_against_the_reference():
         windowed = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, True)
         want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
                                     batch.query_start_loc, 0.3, True, W, K, S)
+        _close(paged_attention_ref(*windowed, **window_args), want)
+        _close(_triton(*windowed, num_splits=rand(1, 3), **window_args), want)
+        # non-causal on the per-request table with kv_offset and the window arguments
+        lens, table = window.window_seq_lens_and_block_table(
+            batch.seq_lens, batch.block_table, W, b, K, sink_size=S)
+        window_args["kv_offset"] = window.compute_window(batch.seq_lens, W, b, K,
+                                                         sink_size=S).start
+        windowed = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, False)
+        want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
+                                    batch.query_start_loc, 0.3, False, W, K, S)
         _close(paged_attention_ref(*windowed, **window_args), want)
         _close(_triton(*windowed, num_splits=rand(1, 3), **window_args), want)
 
