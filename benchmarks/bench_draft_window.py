@@ -1,7 +1,8 @@
 """Draft KV sliding window on a CUDA GPU: correctness at real sizes, fused code, speed.
 
-    python benchmarks/bench_draft_window.py [--sections copy,correct,inductor,attn,bw,meta,e2e,sinks]
-                                             [--out DIR] [--quick] [--sink-size 16,64]
+    python benchmarks/bench_draft_window.py
+        [--sections copy,correct,inductor,attn,bw,meta,e2e,sinks]
+        [--out DIR] [--quick] [--sink-size 16,64]
 
 Sections (each prints progress, then a table; results go to ``--out`` or
 ``$OUT`` as ``results.md`` + ``results.json`` + the captured Inductor code):
