@@ -26,6 +26,11 @@ class PerTokenWindowArgs:
     position of the windowed table's first token), ``window_size`` (W) and
     ``future_offset`` (K): the op must hide, from a query at absolute position
     p, every key before ``floor(max(p + 1 + K - W, 0) / b) * b``.
+    ``sink_size`` (optional; None: the op takes no sinks): an int argument S;
+    the op must keep keys at absolute positions ``< ceil(S / b) * b`` visible
+    and read the windowed table's first ``min(ceil(S / b) * b, kv_offset)``
+    tokens as those sink positions (``arithmetic.window.table_token_positions``).
+    Without it the pass refuses ``draft_sink_size > 0`` for the op's causal calls.
     """
 
     query: str = "query"
@@ -34,9 +39,12 @@ class PerTokenWindowArgs:
     kv_offset: str = "kv_offset"
     window_size: str = "window_size"
     future_offset: str = "future_offset"
+    sink_size: Optional[str] = None
 
     def names(self) -> tuple[str, ...]:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        """The argument names given (``sink_size`` only when set)."""
+        return tuple(name for name in (getattr(self, f.name) for f in dataclasses.fields(self))
+                     if name is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +118,7 @@ def _register_defaults() -> None:
     register_attention_op(AttentionOpSpec(
         op=torch.ops.dspark.paged_attention.default,
         seq_lens="seq_lens", block_table="block_table", kv_cache="key_cache",
-        per_token_window=PerTokenWindowArgs()))
+        per_token_window=PerTokenWindowArgs(sink_size="sink_size")))
 
 
 _register_defaults()

@@ -20,6 +20,17 @@ Two forms:
   graph's token count (an upper bound of every q_len; symbolic under dynamic
   shapes); the call also gets ``kv_offset``, ``window_size`` and
   ``future_offset`` and hides, per query, the keys before its own ``lo(p)``.
+
+Attention sinks (``draft_sink_size`` S > 0, docs/design.md "Attention sinks"):
+every windowing call gets ``sink_size=S``, so each windowed table starts with
+``kept = min(ceil(S / b), start_block)`` sink blocks and is ``ceil(S / b)``
+columns wider, the windowed lengths count the kept sink tokens, host mirrors
+are windowed the same way and scalar bounds are capped at
+``windowed_len_bound(..., sink_size=S)``. Per-request calls need nothing more
+(the op reads ``[0, windowed_len)`` of the table, sinks first, in position
+order); per-token calls also get the op's ``sink_size`` argument, and an op
+whose ``PerTokenWindowArgs`` has no ``sink_size`` makes the pass raise. With
+S = 0 the inserted code and the rewired calls are exactly those without sinks.
 """
 
 from __future__ import annotations
@@ -74,6 +85,9 @@ class DraftWindowPass(GraphPass):
     def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
         stats = keys.new_stats(keys.ATTENTION_CALLS, keys.REWRITTEN, keys.WINDOW_COMPUTATIONS,
                                keys.HOST_MIRRORS_WINDOWED, keys.UPPER_BOUNDS_WINDOWED)
+        sink_size = self.window_config.draft_sink_size
+        if sink_size:
+            stats[keys.SINK_CALLS] = 0
         specs = attention_op_specs()
         calls = find_calls(graph, specs)
         stats[keys.ATTENTION_CALLS] = len(calls)
@@ -86,15 +100,22 @@ class DraftWindowPass(GraphPass):
             block_size = self._block_size(call, spec)
             params = (self.window_config.draft_window_size, block_size,
                       self.window_config.resolved_future_offset)
+            sinks = {"sink_size": sink_size} if sink_size else {}
             seq_lens = get_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens)
             table = get_arg(call, spec.arg_index(spec.block_table), spec.block_table)
             per_token = _per_token_args(call, spec)
+            if per_token is not None and sink_size and per_token.sink_size is None:
+                raise ValueError(
+                    f"draft_sink_size={sink_size} is not supported by {call.name} "
+                    f"({spec.op}): its causal calls get the per-token window, and its "
+                    "registered PerTokenWindowArgs name no sink_size argument; register "
+                    "the op with PerTokenWindowArgs(sink_size=...) or set draft_sink_size=0")
             max_query_len = 1
             if per_token is None:
                 key = (seq_lens, table, block_size)
                 inputs = [seq_lens, table]
                 fn = functools.partial(_window_fn(), window_size=params[0],
-                                       block_size=params[1], future_offset=params[2])
+                                       block_size=params[1], future_offset=params[2], **sinks)
             else:
                 query = get_arg(call, spec.arg_index(per_token.query), per_token.query)
                 locs = get_arg(call, spec.arg_index(per_token.query_start_loc),
@@ -104,7 +125,7 @@ class DraftWindowPass(GraphPass):
                 inputs = [seq_lens, table, locs, query]
                 fn = functools.partial(_causal_window, window_fn=_causal_window_fn(),
                                        window_size=params[0], block_size=params[1],
-                                       future_offset=params[2])
+                                       future_offset=params[2], **sinks)
             if key not in windows:
                 windows[key] = insert_traced(graph, call, fn, inputs,
                                              self._decomposition_table())
@@ -113,24 +134,31 @@ class DraftWindowPass(GraphPass):
             set_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens, windowed_lens)
             set_arg(call, spec.arg_index(spec.block_table), spec.block_table, windowed_table)
             if per_token is not None:
-                for name, value in ((per_token.kv_offset, windows[key][2]),
-                                    (per_token.window_size, params[0]),
-                                    (per_token.future_offset, params[2])):
+                window_args = [(per_token.kv_offset, windows[key][2]),
+                               (per_token.window_size, params[0]),
+                               (per_token.future_offset, params[2])]
+                if sink_size:
+                    window_args.append((per_token.sink_size, sink_size))
+                for name, value in window_args:
                     set_arg(call, spec.arg_index(name), name, value)
+            if sink_size:
+                stats[keys.SINK_CALLS] += 1
             for name in spec.host_seq_lens:
                 mirror = get_arg(call, spec.arg_index(name), name)
                 if not isinstance(mirror, torch.fx.Node):
                     continue
                 if (mirror, block_size) not in mirrors:
                     fn = functools.partial(window.window_seq_lens, window_size=params[0],
-                                           block_size=params[1], future_offset=params[2])
+                                           block_size=params[1], future_offset=params[2],
+                                           **sinks)
                     mirrors[(mirror, block_size)] = insert_traced(
                         graph, call, fn, [mirror], self._decomposition_table())
                     stats[keys.HOST_MIRRORS_WINDOWED] += 1
                 set_arg(call, spec.arg_index(name), name, mirrors[(mirror, block_size)])
             for name in spec.upper_bounds:
                 bound = get_arg(call, spec.arg_index(name), name)
-                new_bound = _window_bound(graph, call, bound, *params, max_query_len)
+                new_bound = _window_bound(graph, call, bound, *params, max_query_len,
+                                          sink_size)
                 if new_bound is not None:
                     set_arg(call, spec.arg_index(name), name, new_bound)
                     stats[keys.UPPER_BOUNDS_WINDOWED] += 1
@@ -188,11 +216,12 @@ def _per_token_args(call: torch.fx.Node, spec: AttentionOpSpec
 
 
 def _causal_window(seq_lens, block_table, query_start_loc, query, *, window_fn, window_size,
-                   block_size, future_offset):
+                   block_size, future_offset, sink_size=0):
     """The per-token window code; ``query``'s token count bounds every q_len
     (traced as ``sym_size`` when symbolic)."""
+    sinks = {"sink_size": sink_size} if sink_size else {}
     return window_fn(seq_lens, block_table, query_start_loc, window_size, block_size,
-                     future_offset, max_query_len=query.shape[0])
+                     future_offset, max_query_len=query.shape[0], **sinks)
 
 
 def _causal_window_fn():
@@ -203,13 +232,16 @@ def _causal_window_fn():
 
 
 def _window_bound(graph: torch.fx.Graph, call: torch.fx.Node, bound: Any, window_size: int,
-                  block_size: int, future_offset: int, max_query_len: Any = 1) -> Optional[Any]:
-    """``min(bound, W - K + b - 2 + max_query_len)`` for an int or a SymInt-valued
-    node; None: leave it (also when ``max_query_len`` is symbolic: a bound of
-    seq_lens still bounds the windowed lengths)."""
+                  block_size: int, future_offset: int, max_query_len: Any = 1,
+                  sink_size: int = 0) -> Optional[Any]:
+    """``min(bound, W - K + b - 2 + max_query_len + S_b)`` for an int or a
+    SymInt-valued node (``S_b = ceil(S / b) * b`` sink tokens); None: leave it
+    (also when ``max_query_len`` is symbolic: a bound of seq_lens still bounds
+    the windowed lengths, sinks included, as they are never more than seq_lens)."""
     if not isinstance(max_query_len, int):
         return None
-    cap = window.windowed_len_bound(window_size, block_size, future_offset, max_query_len)
+    cap = window.windowed_len_bound(window_size, block_size, future_offset, max_query_len,
+                                    sink_size)
     if isinstance(bound, int) and not isinstance(bound, bool):
         return min(bound, cap)
     if isinstance(bound, torch.fx.Node) and isinstance(bound.meta.get("val"), torch.SymInt):
