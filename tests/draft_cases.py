@@ -16,6 +16,7 @@ def make_draft_case(seq_lens, q_lens, *, causal=False, num_layers=3, block_size=
     return _make_draft_case(seq_lens, q_lens, config=cfg, block_size=block_size, seed=seed)
 
 
-def run_eager_reference(case: DraftCase, window_size, future_offset=0):
-    """Eager model, attention masked to the window on the full table; returns (out, caches)."""
-    return case.run_reference(window_size, future_offset)
+def run_eager_reference(case: DraftCase, window_size, future_offset=0, sink_size=0):
+    """Eager model, attention masked to the window (and sinks) on the full table;
+    returns (out, caches)."""
+    return case.run_reference(window_size, future_offset, sink_size)

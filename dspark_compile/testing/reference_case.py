@@ -41,11 +41,14 @@ class DraftCase:
         """``args()`` with cloned caches (a step writes KV into them)."""
         return self.args(*self.clone_caches())
 
-    def run_reference(self, window_size: Optional[int], future_offset: int = 0):
-        """Eager model with attention masked to the window on the FULL block table
-        (``windowed_attention_ref``); returns ``(out, key_caches, value_caches)``."""
+    def run_reference(self, window_size: Optional[int], future_offset: int = 0,
+                      sink_size: int = 0):
+        """Eager model with attention masked to the window (plus ``sink_size`` sink
+        tokens) on the FULL block table (``windowed_attention_ref``); returns
+        ``(out, key_caches, value_caches)``."""
         keys, values = self.clone_caches()
-        self.model.attention_override = windowed_attention_ref(window_size, future_offset)
+        self.model.attention_override = windowed_attention_ref(window_size, future_offset,
+                                                               sink_size)
         try:
             with torch.no_grad():
                 out = self.model(*self.args(keys, values))
