@@ -60,6 +60,10 @@ def test_test_data_is_a_subset_of_torchairs_converters():
 @pytest.mark.parametrize("causal,options", [
     (True, {"draft_window_size": 10, "method": "eagle3", "num_speculative_tokens": 2}),
     (False, {"draft_window_size": 12, "method": "dflash"}),
+    # attention sinks: kept = clamp(start_block, max=nsink), the column map (ge, mul, add)
+    (True, {"draft_window_size": 10, "method": "eagle3", "num_speculative_tokens": 2,
+            "draft_sink_size": 6}),
+    (False, {"draft_window_size": 12, "method": "dflash", "draft_sink_size": 16}),
 ])
 def test_window_pass_inserts_only_ge_convertible_ops(causal, options):
     case = make_draft_case([37, 9, 61], [2, 2, 2], causal=causal, num_layers=2)
