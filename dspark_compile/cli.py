@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="context lengths to run, in tokens (default: 1024 4096 16384)")
     demo.add_argument("--window", type=_positive_int, default=512,
                       help="draft_window_size W (default: 512)")
+    _add_sink_arg(demo)
     demo.add_argument("--requests", type=_positive_int, default=4,
                       help="requests per batch (default: 4)")
     demo.add_argument("--lowering", choices=["inductor", "aot_eager"], default="inductor")
@@ -217,6 +218,23 @@ def _add_window_args(parser: argparse.ArgumentParser, default_window: int) -> No
     parser.add_argument("--method", choices=METHODS, default="dflash")
     parser.add_argument("--num-speculative-tokens", type=_positive_int, default=1,
                         help="draft tokens per step (EAGLE3's future offset; default: 1)")
+    _add_sink_arg(parser)
+
+
+def _add_sink_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-sink-size", type=int, default=0, metavar="S",
+                        help="draft_sink_size S: attention-sink tokens kept visible beside the "
+                        "window, rounded up to whole KV blocks; needs the window (default: 0)")
+
+
+def _check_sink_size(args: argparse.Namespace) -> int:
+    if args.draft_sink_size < 0:
+        raise UsageError(f"--draft-sink-size={args.draft_sink_size} is invalid: expected an "
+                         "int >= 0 (0: no attention sinks)")
+    if args.draft_sink_size and not args.window:
+        raise UsageError(f"--draft-sink-size={args.draft_sink_size} is invalid with --window=0: "
+                         "attention sinks are kept beside the draft window")
+    return args.draft_sink_size
 
 
 def _window_options(args: argparse.Namespace) -> dict:
@@ -224,7 +242,8 @@ def _window_options(args: argparse.Namespace) -> dict:
         raise UsageError(f"--window={args.window} is invalid: expected a positive int, "
                          "or 0 to turn the window off")
     return {"draft_window_size": args.window or None, "method": args.method,
-            "num_speculative_tokens": args.num_speculative_tokens}
+            "num_speculative_tokens": args.num_speculative_tokens,
+            "draft_sink_size": _check_sink_size(args)}
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -239,12 +258,17 @@ def run_demo_command(args: argparse.Namespace) -> int:
                          "such as cpu or cuda") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device={args.device!r} is invalid: no CUDA device is available")
+    sink_size = _check_sink_size(args)
     if args.draft == "dspark":
+        if sink_size:
+            raise UsageError(f"--draft-sink-size={sink_size} is invalid with --draft dspark: "
+                             "the DSpark demo has no sink option (use --draft dflash)")
         return run_dspark_demo_command(args)
+    sinks = f", S={sink_size} sink tokens" if sink_size else ""
     return _print_demo_table(
         title=(f"dspark-compile demo: DFlash reference draft (4 layers, GQA 8/2, head_dim 64, "
-               f"block 16, q_len 8, non-causal), W={args.window}, {args.requests} requests, "
-               f"lowering={args.lowering}, device={args.device}"),
+               f"block 16, q_len 8, non-causal), W={args.window}{sinks}, {args.requests} "
+               f"requests, lowering={args.lowering}, device={args.device}"),
         columns=[("context", 8, "{:>8}", "context_len"),
                  ("windowed err", 12, "{:>12.2e}", "windowed_max_err"),
                  ("full err", 9, "{:>9.2e}", "full_max_err"),
@@ -255,7 +279,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
                  ("windowed ms", 11, "{:>11.2f}", "windowed_ms"),
                  ("speedup", 7, "{:>6.2f}x", "speedup")],
         rows=run_demo(args.contexts, args.window, num_requests=args.requests,
-                      lowering=args.lowering, device=args.device),
+                      lowering=args.lowering, device=args.device, sink_size=sink_size),
         contexts=args.contexts,
         row_ok=lambda row: row.windowed_max_err < 1e-3 and row.full_max_err < 1e-3,
         legend=("err: max |compiled - eager reference|; window effect: max |windowed - full| "
@@ -336,6 +360,13 @@ def run_inspect_command(args: argparse.Namespace) -> int:
     print(f"attention calls found {totals['attention_calls']}, rewritten {totals['rewritten']}, "
           f"window computations inserted {totals['window_computations']}, "
           f"generated kernels {kernels}")
+    if options["draft_sink_size"]:
+        with_sinks = sum(p.stats.get("with_sinks", 0) for p in report.passes
+                         if p.pass_name == "draft_window")
+        widths = sorted({f"{c.table_width_before} -> {c.table_width_after}"
+                         for p in report.passes for c in p.attention_calls if c.rewritten})
+        print(f"attention sinks: S={options['draft_sink_size']} tokens on {with_sinks} "
+              f"call(s); block table columns {', '.join(widths)}")
     print(f"read first: {report.summary_path}")
     return 0
 

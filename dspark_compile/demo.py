@@ -53,12 +53,16 @@ def best_time_ms(fn: Callable[[], object], repeats: int) -> float:
 def run_demo(context_lens: Sequence[int] = (1024, 4096, 16384), window_size: int = 512,
              num_requests: int = 4, block_q_len: int = 8, block_size: int = 16,
              num_layers: int = 4, lowering: str = "inductor", device: str = "cpu",
-             repeats: int = 3, seed: int = 0) -> Iterator[DemoRow]:
-    """Yield one ``DemoRow`` per context length (DFlash blocks, non-causal)."""
+             repeats: int = 3, seed: int = 0, sink_size: int = 0) -> Iterator[DemoRow]:
+    """Yield one ``DemoRow`` per context length (DFlash blocks, non-causal).
+
+    ``sink_size`` S: ``draft_sink_size`` of the windowed compile (its reference
+    then keeps the first ``ceil(S / b)`` blocks visible too)."""
     cfg = DraftModelConfig(hidden_size=256, num_layers=num_layers, num_heads=8,
                            num_kv_heads=2, head_dim=64, intermediate_size=512, causal=False)
     model = DFlashReferenceDraft(cfg, seed=seed).eval().to(device)
-    window = DraftWindowConfig(draft_window_size=window_size, method="dflash")
+    window = DraftWindowConfig(draft_window_size=window_size, method="dflash",
+                               draft_sink_size=sink_size)
     gen = torch.Generator().manual_seed(seed)
     for context_len in context_lens:
         seq_lens = [context_len + block_q_len - 37 * i for i in range(num_requests)]
@@ -67,7 +71,7 @@ def run_demo(context_lens: Sequence[int] = (1024, 4096, 16384), window_size: int
         args = case.fresh_args
 
         def reference(window_size: Optional[int]) -> torch.Tensor:
-            return case.run_reference(window_size)[0]
+            return case.run_reference(window_size, sink_size=sink_size if window_size else 0)[0]
 
         with torch.no_grad():
             want_full, want_windowed = reference(None), reference(window_size)

@@ -47,6 +47,9 @@ class AttentionCall:
     block_table_before: str
     seq_lens_after: str = ""
     block_table_after: str = ""
+    block_size: Optional[int] = None       # the KV cache's static dim 1 (None: unknown)
+    table_width_before: str = "?"          # block-table columns (str: may be symbolic)
+    table_width_after: str = "?"
 
     @property
     def rewritten(self) -> bool:
@@ -191,6 +194,7 @@ class _PassRecorder:
             if call.node in after:
                 call.seq_lens_after = after[call.node].seq_lens_before
                 call.block_table_after = after[call.node].block_table_before
+                call.table_width_after = after[call.node].table_width_before
         inserted = [n for n in graph.nodes if n not in nodes_before]
         ops = collections.Counter(op_name(n.target) for n in inserted if n.op == "call_function")
         record = pass_records()[-1]  # the manager records a pass before its "after" hook
@@ -210,8 +214,27 @@ def _attention_calls(graph: torch.fx.Graph) -> list[AttentionCall]:
         calls.append(AttentionCall(node.name, str(node.target),
                                    _arg_name(node, spec.arg_index(spec.seq_lens), spec.seq_lens),
                                    _arg_name(node, spec.arg_index(spec.block_table),
-                                             spec.block_table)))
+                                             spec.block_table),
+                                   block_size=_static_dim(node, spec, spec.kv_cache, 1),
+                                   table_width_before=str(_static_dim(
+                                       node, spec, spec.block_table, 1, static=False))))
     return calls
+
+
+def _static_dim(node: torch.fx.Node, spec, name: Optional[str], dim: int,
+                static: bool = True) -> Any:
+    """Dim ``dim`` of tensor argument ``name`` of ``node`` (None if unknown; with
+    ``static`` also None when symbolic)."""
+    from dspark_compile.passes.graph_utils import get_arg
+
+    if name is None:
+        return None
+    value = get_arg(node, spec.arg_index(name), name)
+    val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() <= dim:
+        return None
+    size = val.shape[dim]
+    return size if isinstance(size, int) or not static else None
 
 
 def _arg_name(node: torch.fx.Node, index: int, name: str) -> str:
@@ -246,6 +269,27 @@ def _kernel_names(path: Path) -> list[str]:
     return [name for name, _ in _KERNEL_DEF.findall(path.read_text())]
 
 
+def _sink_lines(report: InspectionReport, window: DraftWindowConfig) -> list[str]:
+    """Attention sinks: S in tokens and blocks (per KV block size seen) and what
+    they add to the windowed table (docs/design.md, "Attention sinks")."""
+    from dspark_compile.arithmetic.window import sink_blocks
+
+    sink = window.draft_sink_size
+    if not sink:
+        return ["- draft_sink_size (S): 0 (no attention sinks)"]
+    sizes = sorted({window.block_size} if window.block_size else
+                   {c.block_size for p in report.passes for c in p.attention_calls
+                    if c.block_size})
+    if not sizes:
+        return [f"- draft_sink_size (S): {sink} tokens, ceil(S / b) blocks "
+                "(KV block size b unknown)"]
+    return [f"- draft_sink_size (S): {sink} tokens = {sink_blocks(sink, b)} block(s) of b={b} "
+            f"(S_b = {sink_blocks(sink, b) * b} sink tokens stay visible); the windowed "
+            f"table is {sink_blocks(sink, b)} column(s) wider and holds "
+            "kept = min(ceil(S / b), start_block) sink blocks before the window's"
+            for b in sizes]
+
+
 def render_summary(report: InspectionReport, window: DraftWindowConfig) -> str:
     """The markdown a person reads first."""
     lines = ["# dspark-compile inspection", ""]
@@ -255,6 +299,7 @@ def render_summary(report: InspectionReport, window: DraftWindowConfig) -> str:
         lines.append(f"- method: {window.method}; future_offset (K): "
                      f"{window.resolved_future_offset}")
         lines.append(f"- block_size: {window.block_size or 'from the KV cache'}")
+        lines += _sink_lines(report, window)
     else:
         lines.append(f"- window off (method: {window.method}): attention calls are left as they are")
     backend_opts = {k: v for k, v in report.options.items()
@@ -280,7 +325,9 @@ def render_summary(report: InspectionReport, window: DraftWindowConfig) -> str:
                           f"({call.seq_lens_after}, {call.block_table_after})"
                           if call.rewritten else
                           f"unchanged: ({call.seq_lens_before}, {call.block_table_before})")
-                lines.append(f"  - `{call.node}` ({call.op}): {change}")
+                width = (f"; block table {call.table_width_before} -> "
+                         f"{call.table_width_after} columns" if call.rewritten else "")
+                lines.append(f"  - `{call.node}` ({call.op}): {change}{width}")
         else:
             lines.append("- attention calls: none found")
         if record.inserted_ops:

@@ -48,6 +48,12 @@ def test_bad_arguments_exit_2_with_one_message(argv, message, capsys):
     (["inspect", "--window", "2", "--method", "eagle3", "--num-speculative-tokens", "3"],
      "future_offset=3 is invalid for draft_window_size=2"),
     (["demo", "--device", "nonsense"], "--device='nonsense' is invalid"),
+    (["inspect", "--draft-sink-size", "-1"], "--draft-sink-size=-1 is invalid: expected an int"),
+    (["check-ascend", "--window", "0", "--draft-sink-size", "16"],
+     "--draft-sink-size=16 is invalid with --window=0"),
+    (["demo", "--draft-sink-size", "-4"], "--draft-sink-size=-4 is invalid"),
+    (["demo", "--draft", "dspark", "--draft-sink-size", "16"],
+     "--draft-sink-size=16 is invalid with --draft dspark"),
 ])
 def test_bad_values_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -116,3 +122,24 @@ def test_check_ascend_command(capsys):
     assert cli.main(["check-ascend", "--window", "16"]) == 1  # the reference custom ops
     out = capsys.readouterr().out
     assert "torch.ops.dspark.paged_attention.default" in out
+
+
+def test_demo_and_inspect_with_attention_sinks(tmp_path, capsys):
+    assert cli.main(["demo", "--contexts", "80", "--window", "32", "--requests", "2",
+                     "--lowering", "aot_eager", "--draft-sink-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "W=32, S=16 sink tokens" in out
+    assert "OK: compiled outputs match the eager references" in out
+    dump = tmp_path / "dump"
+    assert cli.main(["inspect", "--dump-dir", str(dump), "--lowering", "aot_eager",
+                     "--context", "48", "--window", "16", "--draft-sink-size", "20"]) == 0
+    out = capsys.readouterr().out
+    # b = 16: S = 20 tokens -> 2 sink blocks; ceil(16/16) + 1 window columns + 2
+    assert "attention sinks: S=20 tokens on 2 call(s); block table columns 3 -> 4" in out
+    summary = (dump / "summary.md").read_text()
+    assert "draft_sink_size (S): 20 tokens = 2 block(s) of b=16 (S_b = 32" in summary
+    assert "block table 3 -> 4 columns" in summary
+    assert "| with_sinks | 2 |" in summary
+    assert "every inserted op is convertible by torchair's GE graph mode" in summary
+    assert cli.main(["check-ascend", "--inserted-only", "--window", "16",
+                     "--draft-sink-size", "20"]) == 0

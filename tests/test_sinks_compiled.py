@@ -91,9 +91,9 @@ CASES = [
      15),
     ("non-causal, S > seq, W > seq", [33, 70], [4, 4], False, "dflash", 1, 200, 300),
 ]
-INDUCTOR = {"decode, window starts inside the sinks", "decode, S % b != 0, empty request",
-            "causal blocks, q_len > W", "causal blocks, empty request, seq < b",
-            "non-causal, S = 4 blocks of 15 tokens"}
+# Inductor compiles take ~1 min each on 2 busy cores: the cases that cover each form.
+INDUCTOR = {"decode, window starts inside the sinks", "causal blocks, q_len > W",
+            "causal blocks, empty request, seq < b", "non-causal, S = 4 blocks of 15 tokens"}
 
 
 def _compile(model, lowering, **options):
@@ -130,7 +130,7 @@ def test_compiled_draft_with_sinks_equals_the_dense_mask(lowering, name, seq_len
         assert not torch.allclose(got, window_only, atol=1e-3), "the sinks must change the output"
     [record] = [r for r in dspark_compile.pass_records() if r.pass_name == "draft_window"]
     assert record.stats["attention_calls"] == record.stats["rewritten"] == 3
-    assert record.stats["sink_calls"] == 3 and record.stats["window_computations"] == 1
+    assert record.stats["with_sinks"] == 3 and record.stats["window_computations"] == 1
 
 
 def _post_pass_graph(case, options):

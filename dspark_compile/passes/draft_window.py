@@ -87,7 +87,7 @@ class DraftWindowPass(GraphPass):
                                keys.HOST_MIRRORS_WINDOWED, keys.UPPER_BOUNDS_WINDOWED)
         sink_size = self.window_config.draft_sink_size
         if sink_size:
-            stats[keys.SINK_CALLS] = 0
+            stats[keys.WITH_SINKS] = 0
         specs = attention_op_specs()
         calls = find_calls(graph, specs)
         stats[keys.ATTENTION_CALLS] = len(calls)
@@ -142,7 +142,7 @@ class DraftWindowPass(GraphPass):
                 for name, value in window_args:
                     set_arg(call, spec.arg_index(name), name, value)
             if sink_size:
-                stats[keys.SINK_CALLS] += 1
+                stats[keys.WITH_SINKS] += 1
             for name in spec.host_seq_lens:
                 mirror = get_arg(call, spec.arg_index(name), name)
                 if not isinstance(mirror, torch.fx.Node):

@@ -17,13 +17,12 @@ REWRITTEN = "rewritten"                        # calls rewired to the window
 WINDOW_COMPUTATIONS = "window_computations"    # window code blocks inserted (one per pair)
 HOST_MIRRORS_WINDOWED = "host_mirrors_windowed"
 UPPER_BOUNDS_WINDOWED = "upper_bounds_windowed"
-SINK_CALLS = "sink_calls"                      # of the rewritten: with attention sinks
-                                               # (reported only when draft_sink_size > 0)
+WITH_SINKS = "with_sinks"                      # of the rewritten: with attention sinks
+                                               # (draft_window: only when draft_sink_size > 0)
 
 # The non-causal index pass.
 INDEX_CALLS = "index_calls"                    # dspark.swa_indices calls found
 WINDOWED = "windowed"                          # of the rewritten: W from draft_window_size
-WITH_SINKS = "with_sinks"                      # of the rewritten: rows with attention sinks
 
 # The vLLM pass only.
 TARGET_UNTOUCHED = "target_untouched"
