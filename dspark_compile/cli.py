@@ -124,8 +124,9 @@ def _add_study_parsers(commands) -> None:
         description="Train a byte-level target and two drafts (token-only draft_model; "
         "EAGLE-style, fed the target's hidden states) on the Python standard library's source, "
         "or load them from --checkpoint, then run greedy speculative decoding on held-out "
-        "prompts at contexts from the drafts' training length to 16x it, without a window and "
-        "with windows of 1x, 2x, 4x that length. Writes study.json (after every cell), "
+        "prompts at contexts from the drafts' training length to 16x it, without a window, "
+        "with windows of 1x, 2x, 4x that length, and with the 1x window plus attention sinks "
+        "of 1 and 4 KV blocks. Writes study.json (after every cell), "
         "study.md and study.png to OUT_DIR.")
     study.add_argument("--scale", choices=sorted(SCALES), default="quick",
                        help="h200: a few GPU minutes; quick: the CPU scale (estimated ~15 min "
@@ -143,6 +144,12 @@ def _add_study_parsers(commands) -> None:
     study.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     study.add_argument("--train-time-budget", type=float, default=None,
                        help="stop each model's training after this many seconds (recorded)")
+    keys = [s.key for s in SCALES["quick"].settings()]
+    study.add_argument("--settings", nargs="+", default=None, metavar="KEY",
+                       help="run only these settings: none (no window), w<m>x (window of m "
+                       "times the drafts' training context), w1x+s<n>b (that 1x window with "
+                       f"attention sinks of n KV blocks); at the quick scale: {' '.join(keys)} "
+                       "(default: all)")
 
     report = commands.add_parser(
         "study-report", help="study.md and study.png from a study.json",
@@ -164,6 +171,12 @@ def run_study_command(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device={device!r} is invalid: no CUDA device is available")
+    settings = tuple(args.settings) if args.settings else None
+    if settings:
+        try:
+            SCALES[args.scale].select_settings(settings)
+        except ValueError as error:
+            raise UsageError(f"--settings: {error}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     bars: dict = {}
 
@@ -178,7 +191,7 @@ def run_study_command(args: argparse.Namespace) -> int:
                       checkpoint=Path(args.checkpoint) if args.checkpoint else None,
                       draft_prefill_chunk=args.draft_prefill_chunk,
                       families=tuple(args.families), progress=progress,
-                      train_time_budget_s=args.train_time_budget)
+                      train_time_budget_s=args.train_time_budget, setting_keys=settings)
     print((Path(args.out_dir) / "study.md").read_text())
     print(f"wrote {args.out_dir}/study.json, study.md" +
           (", study.png" if (Path(args.out_dir) / "study.png").is_file() else ""))

@@ -55,7 +55,9 @@ def test_study_smoke_writes_json_markdown_and_plot(tmp_path, capsys):
     study = run_study(scale, tmp_path, device="cpu", checkpoint=tmp_path / "pair.pt")
     saved = json.loads((tmp_path / "study.json").read_text())
     settings = [s["name"] for s in saved["settings"]]
-    assert settings == ["no window", "W=16 (1x)", "W=32 (2x)"]
+    assert settings == ["no window", "W=16 (1x)", "W=32 (2x)", "W=16 (1x) + S=16 (1 block)",
+                        "W=16 (1x) + S=64 (4 blocks)"]
+    assert [s["options"].get("draft_sink_size", 0) for s in saved["settings"]] == [0, 0, 0, 16, 64]
     cells = {(r["family"], r["setting"], r["context"]) for r in saved["results"]}
     assert cells == {(f, s, c) for f in ("draft_model", "eagle") for s in settings
                      for c in scale.contexts}
@@ -66,6 +68,10 @@ def test_study_smoke_writes_json_markdown_and_plot(tmp_path, capsys):
     assert all(c["graphs"] <= 2 for c in saved["compile"])   # no recompiles per context
     assert saved["meta"]["corpus"]["eval_files"]
     assert "## tau" in (tmp_path / "study.md").read_text()
+    report = (tmp_path / "study.md").read_text()
+    assert "| eagle | W=16 (1x) + S=64 (4 blocks) |" in report
+    assert "## Attention sinks: tau with sinks - tau with the same window alone" in report
+    assert {r["sink_size"] for r in saved["results"]} == {0, 16, 64}
     assert (tmp_path / "study.png").read_bytes()[:4] == b"\x89PNG"
     assert study["results"] == saved["results"]
     # the report command rebuilds both from the JSON alone
@@ -78,3 +84,28 @@ def test_study_smoke_writes_json_markdown_and_plot(tmp_path, capsys):
 def test_study_report_missing_file_exits_2(tmp_path, capsys):
     assert cli.main(["study-report", str(tmp_path / "nope.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_study_settings_filter(capsys):
+    scale = SCALES["h200"]
+    assert [s.key for s in scale.settings()] == ["none", "w1x", "w2x", "w4x", "w1x+s1b",
+                                                 "w1x+s4b"]
+    picked = scale.select_settings(("w1x+s4b", "w1x"))
+    assert [s.name for s in picked] == ["W=256 (1x)", "W=256 (1x) + S=64 (4 blocks)"]
+    assert picked[1].options == {"draft_window_size": 256, "draft_sink_size": 64}
+    with pytest.raises(ValueError, match=r"settings=\['w8x'\] is invalid: expected one or more"):
+        scale.select_settings(["w8x"])
+    assert cli.main(["study", "--scale", "smoke", "--settings", "w8x"]) == 2
+    assert "--settings: settings=['w8x'] is invalid" in capsys.readouterr().err
+
+
+def test_goal_check_ignores_sink_rows_and_sink_check_compares_them():
+    from dspark_compile.speculative.study import sink_check
+
+    rows = [{"family": "eagle", "window": w, "sink_size": s, "context": c, "tau": t,
+             "setting": f"{w}/{s}"}
+            for w, s, c, t in [(None, 0, 8, 2.0), (8, 0, 8, 4.0), (None, 0, 128, 1.2),
+                               (8, 0, 128, 3.0), (8, 16, 128, 3.5), (8, 16, 8, 4.0)]]
+    goal = goal_check(rows, (8, 128), draft_context=8)["eagle"]
+    assert goal["tau_long_best_window"] == 3.0          # not the sink row's 3.5
+    assert sink_check(rows) == {"eagle": {"8/16": {128: (3.0, 3.5, 0.5), 8: (4.0, 4.0, 0.0)}}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dspark_compile.speculative.study import goal_check
+from dspark_compile.speculative.study import goal_check, sink_check
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,17 @@ def markdown(study: dict) -> str:
                 f"(W={g['best_window']}) | {g['best_window_ratio']:.0%} | "
                 f"{'met' if g['collapse_goal_met'] else 'NOT met'} | "
                 f"{'met' if g['recovery_goal_met'] else 'NOT met'} |")
+    sinks = sink_check(results)
+    if sinks:
+        lines += ["", "## Attention sinks: tau with sinks - tau with the same window alone", "",
+                  "Sinks: the first S tokens (whole KV blocks) stay visible beside the window "
+                  "(draft_sink_size). Positive: the sinks help acceptance.", "",
+                  "| family | setting | " + " | ".join(str(c) for c in contexts) + " |",
+                  "|---|---|" + "---:|" * len(contexts)]
+        for family, by_setting in sinks.items():
+            for name, by_context in by_setting.items():
+                row = [f"{by_context[c][2]:+.2f}" if c in by_context else "-" for c in contexts]
+                lines.append(f"| {family} | {name} | " + " | ".join(row) + " |")
     matches = [r.get("matches_target_greedy") for r in results]
     if matches:
         lines += ["", f"Outputs equal to the target's own greedy decode: "
@@ -136,7 +147,7 @@ def plot(study: dict, path: Path) -> bool:
             if not rows:
                 continue
             xs = [r["context"] for r in rows]
-            style = "--" if name == "no window" else "-"
+            style = "--" if name == "no window" else "-." if "+ S=" in name else "-"
             axes[0][col].errorbar(xs, [r["tau"] for r in rows],
                                   yerr=[_stderr(r.get("tau_per_prompt") or []) for r in rows],
                                   fmt=style, marker="o", capsize=3, label=name)

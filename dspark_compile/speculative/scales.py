@@ -11,6 +11,7 @@ evaluated context.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from dspark_compile.speculative.lm import LMConfig
 from dspark_compile.speculative.training import TrainSpec
@@ -18,15 +19,21 @@ from dspark_compile.speculative.training import TrainSpec
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One draft configuration of the study: a name and the compile options it adds
-    (``draft_window_size`` here; any other backend option can be added)."""
+    """One draft configuration of the study: a name, the compile options it adds
+    (``draft_window_size``, ``draft_sink_size``; any other backend option can be
+    added) and a short ``key`` for ``dspark-compile study --settings``."""
 
     name: str
     options: dict
+    key: str = ""
 
     @property
     def window(self):
         return self.options.get("draft_window_size")
+
+    @property
+    def sink_size(self) -> int:
+        return self.options.get("draft_sink_size", 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +49,10 @@ class StudyScale:
     prompts: int
     new_tokens: int
     window_multiples: tuple[int, ...] = (1, 2, 4)
+    # Attention sinks (issue 13), beside the main window W = the drafts' training
+    # context only: S = each of these many KV blocks. A class constant, not a
+    # field, so a checkpoint trained before it still matches its scale.
+    SINK_BLOCKS: ClassVar[tuple[int, ...]] = (1, 4)
     num_speculative_tokens: int = 5
     block_size: int = 16
     eval_fraction: float = 0.05
@@ -62,11 +73,30 @@ class StudyScale:
         return self.draft_train.context
 
     def settings(self) -> list[Setting]:
-        """No window, then a window of each multiple of the draft's training context."""
-        return [Setting("no window", {"draft_window_size": None})] + [
-            Setting(f"W={m * self.draft_context} ({m}x)",
-                    {"draft_window_size": m * self.draft_context})
-            for m in self.window_multiples]
+        """No window, a window of each multiple of the draft's training context, then
+        that 1x window with attention sinks of ``SINK_BLOCKS`` KV blocks."""
+        c = self.draft_context
+        window_only = [Setting(f"W={m * c} ({m}x)", {"draft_window_size": m * c}, f"w{m}x")
+                       for m in self.window_multiples]
+        sinks = [Setting(f"W={c} (1x) + S={n * self.block_size} ({n} block{'s' * (n > 1)})",
+                         {"draft_window_size": c, "draft_sink_size": n * self.block_size},
+                         f"w1x+s{n}b")
+                 for n in self.SINK_BLOCKS]
+        return [Setting("no window", {"draft_window_size": None}, "none"), *window_only,
+                *sinks]
+
+    def select_settings(self, keys=None) -> list[Setting]:
+        """``settings()`` whose ``key`` is in ``keys`` (None: all), in study order;
+        an unknown key is a ValueError listing the valid ones."""
+        settings = self.settings()
+        if keys is None:
+            return settings
+        valid = [s.key for s in settings]
+        unknown = [k for k in keys if k not in valid]
+        if unknown or not keys:
+            raise ValueError(f"settings={list(keys)!r} is invalid: expected one or more of "
+                             f"{', '.join(valid)}")
+        return [s for s in settings if s.key in keys]
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

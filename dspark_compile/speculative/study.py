@@ -165,7 +165,8 @@ def goal_check(results: list[dict], contexts: tuple[int, ...], draft_context: in
         return match[0] if match else None
 
     for family in FAMILIES:
-        rows = [r for r in results if r["family"] == family]
+        # the window alone (rows with attention sinks are compared in sink_check)
+        rows = [r for r in results if r["family"] == family and not r.get("sink_size")]
         base, none_short = find(rows, draft_context, short), find(rows, None, short)
         none_long = find(rows, None, long)
         windowed_long = [r for r in rows if r["window"] is not None and r["context"] == long]
@@ -185,12 +186,30 @@ def goal_check(results: list[dict], contexts: tuple[int, ...], draft_context: in
     return out
 
 
+def sink_check(results: list[dict]) -> dict:
+    """Per family and sink setting: tau with sinks minus tau with the same window
+    alone, per context (``{family: {setting: {context: (tau_w, tau_ws, delta)}}}``)."""
+    out: dict = {}
+    window_only = {(r["family"], r["window"], r["context"]): r["tau"] for r in results
+                   if r["window"] is not None and not r.get("sink_size")}
+    for r in results:
+        if not r.get("sink_size"):
+            continue
+        base = window_only.get((r["family"], r["window"], r["context"]))
+        if base is None:
+            continue
+        out.setdefault(r["family"], {}).setdefault(r["setting"], {})[r["context"]] = (
+            base, r["tau"], r["tau"] - base)
+    return out
+
+
 def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cpu",
               lowering: Optional[str] = None, checkpoint: Optional[Path] = None,
               draft_prefill_chunk: Optional[int] = None,
               families: tuple[str, ...] = FAMILIES,
               progress: Optional[ProgressFn] = None,
-              train_time_budget_s: Optional[float] = None) -> dict:
+              train_time_budget_s: Optional[float] = None,
+              setting_keys: Optional[tuple[str, ...]] = None) -> dict:
     """Run the study; returns the results dict (also written to ``out_dir/study.json``).
 
     ``lowering``: the dspark backend's lowering (default: ``inductor`` on CUDA,
@@ -198,8 +217,10 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
     ``draft_prefill_chunk``: tokens per draft prefill forward (default: the whole
     prompt at once; a causal block longer than ``W`` needs the per-token window of
     ``dspark.paged_attention``).
+    ``setting_keys``: run only these settings (``Setting.key``; default: all).
     """
     device = torch.device(device)
+    settings = scale.select_settings(setting_keys)
     for family in families:
         if family not in FAMILIES:
             raise ValueError(f"families={families!r} is invalid: expected names from {FAMILIES}")
@@ -228,7 +249,7 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
                  "draft_prefill_chunk": draft_prefill_chunk, "num_speculative_tokens": k,
                  "greedy": True, "dtype": "float32",
                  "corpus": corpus.manifest(), "training": pair.record},
-        "settings": [dataclasses.asdict(s) for s in scale.settings()],
+        "settings": [dataclasses.asdict(s) for s in settings],
         "baseline": [], "compile": [], "results": [],
     }
 
@@ -249,7 +270,6 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
         study["baseline"].append({"context": c, "target_only_tokens_per_s": sum(rates) / len(rates)})
     save()
 
-    settings = scale.settings()
     max_len = max(scale.contexts) + scale.new_tokens + 2 * k + 2
     total = len(families) * len(settings) * len(scale.contexts)
     done = 0
@@ -277,7 +297,7 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
                                             nll_tail=min(c - 1, scale.draft_context))
                            for i, p in enumerate(prompts[c])]
                 row = {"family": family, "setting": setting.name, "window": setting.window,
-                       "context": c, **_pool(results, k),
+                       "sink_size": setting.sink_size, "context": c, **_pool(results, k),
                        "matches_target_greedy": sum(r.tokens == ref for r, ref in
                                                     zip(results, reference[c])) / len(results)}
                 study["results"].append(row)
