@@ -13,7 +13,7 @@ from dspark_compile.integrations.vllm.attention_op import (
 from dspark_compile.integrations.vllm.compile_context import (
     DRAFT_MODEL_TAGS, CompileContext, find_compile_context)
 from dspark_compile.integrations.vllm.config import (
-    ADDITIONAL_CONFIG_KEY, SUPPORTED_METHODS, WindowOverrides,
+    ADDITIONAL_CONFIG_KEY, SINK_CONFIG_KEY, SUPPORTED_METHODS, WindowOverrides,
     attention_is_split_out, resolve_window_config)
 from dspark_compile.integrations.vllm.inductor_pass import DraftWindowInductorPass
 from dspark_compile.integrations.vllm.metadata import (
@@ -34,7 +34,7 @@ def register_plugin() -> None:
 
 
 __all__ = [
-    "ADDITIONAL_CONFIG_KEY", "SinkWindowBuffers", "check_no_native_window",
+    "ADDITIONAL_CONFIG_KEY", "SINK_CONFIG_KEY", "SinkWindowBuffers", "check_no_native_window",
     "sink_window_metadata", "CompileContext", "DRAFT_MODEL_TAGS", "DraftWindowInductorPass", "OP_NAME", "SUPPORTED_BACKENDS",
     "SUPPORTED_METHODS", "StepWindows", "WindowBuffers", "WindowOverrides",
     "WindowSpec", "attention_is_split_out", "find_compile_context", "kernel_block_size",
