@@ -1,8 +1,9 @@
-"""Window a vLLM draft layer's attention: native per-token window + windowed metadata.
+"""Window a vLLM draft layer's attention: native per-token window + windowed metadata
+(without sinks), per-token expanded metadata (with attention sinks; "Sinks" below).
 
-The vLLM route meets the window contract for every causal draft query token
-at absolute position ``p``, for any query length (decode, multi-token draft
-steps, draft prefill, chunked prefill): it attends to keys ``j`` with
+Without sinks the vLLM route meets the window contract for every causal draft
+query token at absolute position ``p``, for any query length (decode,
+multi-token draft steps, draft prefill, chunked prefill): it attends to keys ``j`` with
 ``lo(p) <= j <= p``, ``lo(p) = max(p + 1 + K - W, 0)`` EXACTLY, i.e. its last
 ``W - K`` tokens. Two mechanisms, both applied to every draft-layer call:
 
@@ -37,6 +38,43 @@ other field is shared. Multimodal prefix ranges, R-SWA and decode context
 parallel raise. ``StepWindows`` applies (2) once per metadata object per
 forward step into persistent buffers allocated at the first call (before any
 CUDA-graph capture) and never reallocated.
+
+Sinks (``draft_sink_size`` S > 0; ``sink_window_metadata``). A native sliding
+window hides the front of the sequence, so with sinks the layer gets NONE
+(``check_no_native_window``) and the metadata alone decides what each query
+reads. The rule is then the block-aligned one of ``dspark.paged_attention``
+(docs/design.md, "Window arithmetic"): a query at ``p`` sees keys ``j <= p``
+with ``j < S_b`` or ``j >= lo(p)``, ``S_b = ceil(S / b) * b``,
+``lo(p) = floor(max(p + 1 + K - W, 0) / b) * b`` (so up to ``b - 1`` keys
+more than the token-exact window without sinks).
+
+- Causal calls are expanded per token: every query token ``t`` (request
+  ``r``, position ``p_t``) becomes its own single-query request,
+  ``query_start_loc -> arange(T + 1)`` (T = ``num_actual_tokens``),
+  ``max_query_len -> 1``, ``seq_lens[t]``/``block_table[t]`` = the decode-form
+  window of ``seq_len = p_t + 1`` on request ``r``'s table row
+  (``window_seq_lens_and_block_table`` with ``sink_size``: ``min(ceil(S/b),
+  lo/b)`` kept sink blocks, then the window's blocks, no block twice),
+  ``max_seq_len -> min(max_seq_len, windowed_len_bound(W, b, K, 1, S))``.
+  With one query per row the kernel's causal mask is the whole row, so the
+  result is the rule above exactly, for any query length. Output rows stay
+  in token order. Requests with no query tokens (padding) have no row.
+- Non-causal calls (DFlash-style blocks): no expansion; each request gets the
+  window of its last token plus sinks.
+- Backend fields: FlashAttention's AOT ``scheduler_metadata`` is dropped
+  (it plans per request), ``use_cascade`` (older FlashAttention metadata)
+  raises; Triton's split-K scratch (``softmax_segm_*``, rows per query token)
+  and ``seq_threshold_3D`` are kept (the kernel picks 2D when the token rows
+  exceed the threshold or the scratch); CPU attention's scheduler metadata is
+  recomputed for the rows with no sliding window.
+- Cost: one table row per query token (``max_window_blocks(W, b, sink_size=S)``
+  columns), so a draft prefill reads each token's window separately (T
+  single-query rows instead of one query block per request).
+- Buffers (``SinkWindowBuffers``): ``max_num_batched_tokens`` rows (the
+  proposers' token budget), allocated at the first call and never
+  reallocated; a step that does not fit raises.
+
+With S = 0 nothing of this runs: the native window and (2) above, unchanged.
 """
 
 from __future__ import annotations
