@@ -489,7 +489,8 @@ def test_sinks_buffers_sized_once_for_the_token_budget_and_reused(vllm_config):
     assert ptrs[0] == ptrs[1]
     [bufs] = windows._buffers.values()
     assert isinstance(bufs, SinkWindowBuffers)
-    assert bufs.block_table.shape == (20, 64 // BLOCK + 1 + 1)   # max_num_tokens x (W/b + 1 + 1 sink)
+    # max_num_tokens x (W / b + 1 window blocks + 1 sink block)
+    assert bufs.block_table.shape == (20, 64 // BLOCK + 1 + 1)
     assert windows.stats.metadata_expanded == 2
     too_many = triton_metadata([300, 40, 77, 90, 100, 120, 130], q_lens=[3] * 7)   # 21 tokens
     with set_forward_context({}, vllm_config), \

@@ -34,8 +34,9 @@ def register_plugin() -> None:
 
 
 __all__ = [
-    "ADDITIONAL_CONFIG_KEY", "SINK_CONFIG_KEY", "SinkWindowBuffers", "check_no_native_window",
-    "sink_window_metadata", "CompileContext", "DRAFT_MODEL_TAGS", "DraftWindowInductorPass", "OP_NAME", "SUPPORTED_BACKENDS",
+    "ADDITIONAL_CONFIG_KEY", "CompileContext", "DRAFT_MODEL_TAGS", "DraftWindowInductorPass",
+    "OP_NAME", "SINK_CONFIG_KEY", "SUPPORTED_BACKENDS", "SinkWindowBuffers",
+    "check_no_native_window", "sink_window_metadata",
     "SUPPORTED_METHODS", "StepWindows", "WindowBuffers", "WindowOverrides",
     "WindowSpec", "attention_is_split_out", "find_compile_context", "kernel_block_size",
     "register_plugin", "resolve_window_config", "set_native_window",
