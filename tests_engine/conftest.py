@@ -25,6 +25,7 @@ import tiny_models  # noqa: E402
 
 NUM_SPEC = 3
 NARROW, WIDE, EAGLE_WINDOW, TP_WINDOW = 32, 2048, 64, 48
+SINKS = 40   # not a multiple of the block size (32): two sink blocks
 # Short prompts (shorter than every window) and long ones (longer than the
 # narrow window, up to ~0.6 of max_model_len).
 PROMPT_LENS = [5, 40, 300, 600]
@@ -32,8 +33,9 @@ MAX_TOKENS = 24
 
 
 def engine_specs(models: dict[str, str]) -> dict[str, dict]:
-    """The engines of the tier: self-draft without / with a wide / narrow window,
-    EAGLE3, and a separate Llama ``draft_model`` draft under tensor parallel 2."""
+    """The engines of the tier: self-draft without / with a wide / narrow window
+    (also with attention sinks), EAGLE3, and a separate Llama ``draft_model`` draft
+    under tensor parallel 2. ``DSPARK_ENGINES`` (comma-separated names) runs a subset."""
     self_draft = dict(target=models["target"], method="draft_model", draft=models["target"],
                       num_speculative_tokens=NUM_SPEC, prompt_lens=PROMPT_LENS,
                       max_tokens=MAX_TOKENS, tp=1)
@@ -43,6 +45,9 @@ def engine_specs(models: dict[str, str]) -> dict[str, dict]:
         "self_narrow": dict(self_draft, window=NARROW),
         "eagle3": dict(self_draft, method="eagle3", draft=models["eagle3"], window=EAGLE_WINDOW),
         "draft_tp2": dict(self_draft, draft=models["draft"], window=TP_WINDOW, tp=2),
+        # attention sinks (per-token expanded metadata, no native window)
+        "self_wide_sinks": dict(self_draft, window=WIDE, sinks=SINKS),
+        "self_narrow_sinks": dict(self_draft, window=NARROW, sinks=SINKS),
     }
 
 
@@ -91,6 +96,8 @@ def engines(models, tmp_path_factory) -> dict[str, dict]:
     """Reports of every engine of the tier (run two at a time)."""
     workdir = tmp_path_factory.mktemp("engines")
     specs = engine_specs(models)
+    if os.environ.get("DSPARK_ENGINES"):
+        specs = {name: specs[name] for name in os.environ["DSPARK_ENGINES"].split(",")}
     with ThreadPoolExecutor(max_workers=int(os.environ.get("DSPARK_ENGINE_JOBS", "2"))) as pool:
         futures = {name: pool.submit(_run_engine, name, spec, workdir)
                    for name, spec in specs.items()}
@@ -100,6 +107,8 @@ def engines(models, tmp_path_factory) -> dict[str, dict]:
 @pytest.fixture
 def engine(engines, request):
     """One engine's report; fails the test with the engine's log tail if it crashed."""
+    if request.param not in engines:
+        pytest.skip(f"engine {request.param} not in DSPARK_ENGINES")
     report = engines[request.param]
     if "error" in report:
         pytest.fail(report["error"])

@@ -2,8 +2,9 @@
 
 ``install`` wraps the attention implementation of every attention layer so
 each call with metadata is counted, with whether the metadata it received is
-the draft window's (``dspark_window`` set by ``StepWindows``), the largest
-query length and the layer's sliding window. ``report`` returns those counts
+the draft window's (``dspark_window`` set by ``StepWindows``), whether it is
+the per-token expansion of the window with sinks (one single-query row per
+token), the largest query length and the layer's sliding window. ``report`` returns those counts
 with the pass records and window stats of the worker's process.
 """
 
@@ -34,10 +35,24 @@ def install(worker: Any) -> int:
                     _original=original, _name=name, _impl=impl, **kwargs):
             if attn_metadata is not None:
                 record = CALLS.setdefault(_name, {"calls": 0, "windowed": 0, "max_query_len": 0,
-                                                  "sliding_window": None})
+                                                  "sliding_window": None, "expanded": 0,
+                                                  "expanded_max_tokens": 0, "sink_size": 0})
                 record["calls"] += 1
-                if getattr(attn_metadata, "dspark_window", None) is not None:
+                spec = getattr(attn_metadata, "dspark_window", None)
+                if spec is not None:
                     record["windowed"] += 1
+                    record["sink_size"] = spec.sink_size
+                if getattr(attn_metadata, "dspark_expanded", False):
+                    # one single-query row per token: rows == tokens, qsl == arange
+                    tokens = int(attn_metadata.num_actual_tokens)
+                    qsl = attn_metadata.query_start_loc
+                    if (attn_metadata.max_query_len == 1
+                            and attn_metadata.seq_lens.shape[0] == tokens
+                            and attn_metadata.block_table.shape[0] == tokens
+                            and qsl.tolist() == list(range(tokens + 1))):
+                        record["expanded"] += 1
+                        record["expanded_max_tokens"] = max(record["expanded_max_tokens"],
+                                                            tokens)
                 record["max_query_len"] = max(record["max_query_len"],
                                               int(attn_metadata.max_query_len))
                 record["sliding_window"] = repr(_impl.sliding_window)

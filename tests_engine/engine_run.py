@@ -1,7 +1,8 @@
 """Run one vLLM engine as the README configures it and write a JSON report.
 
 ``python engine_run.py SPEC.json REPORT.json``. SPEC: ``target``, ``method``,
-``draft``, ``num_speculative_tokens``, ``window`` (null: no window), ``tp``,
+``draft``, ``num_speculative_tokens``, ``window`` (null: no window), ``sinks``
+(optional ``draft_sink_size``), ``tp``,
 ``prompt_lens``, ``max_tokens``. The engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); with ``tp > 1`` the workers are
 processes of vLLM's ``mp`` executor. The report holds the greedy token ids,
@@ -49,6 +50,8 @@ def main(spec_path: str, report_path: str) -> None:
     )
     if spec.get("window") is not None:
         kwargs["additional_config"] = {"draft_window_size": spec["window"]}
+        if spec.get("sinks"):
+            kwargs["additional_config"]["draft_sink_size"] = spec["sinks"]
     if spec.get("tp", 1) > 1:
         kwargs["distributed_executor_backend"] = "mp"
     llm = LLM(**kwargs)

@@ -6,10 +6,11 @@ Configured exactly as the README tells users (the pass by qualname,
 
 import pytest
 
-from conftest import NUM_SPEC
+from conftest import NARROW, NUM_SPEC, SINKS
 
 TARGET_LAYERS = {"model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"}
 WINDOWED = ["self_wide", "self_narrow", "eagle3", "draft_tp2"]
+SINKED = ["self_wide_sinks", "self_narrow_sinks"]
 
 
 def draft_layers(report):
@@ -21,7 +22,7 @@ def accepted(report):
     return report["metrics"]["vllm:spec_decode_num_accepted_tokens"]
 
 
-@pytest.mark.parametrize("engine", ["self_off"] + WINDOWED, indirect=True)
+@pytest.mark.parametrize("engine", ["self_off"] + WINDOWED + SINKED, indirect=True)
 def test_greedy_outputs_identical_with_and_without_window(engine, engines):
     """Verification is lossless: the target's greedy tokens never depend on the draft."""
     assert engine["tokens"] == engines["self_off"]["tokens"]
@@ -95,3 +96,43 @@ def test_tensor_parallel_2_windows_on_both_ranks(engine):
     assert len(engine["workers"]) == 2
     for worker in engine["workers"]:
         assert any(r["rewritten_layers"] for r in worker["pass_records"])
+
+
+@pytest.mark.parametrize("engine", SINKED, indirect=True)
+def test_sinks_every_draft_call_got_the_per_token_expansion(engine):
+    """With draft_sink_size every draft call is causal here (draft_model): each one
+    received the expanded metadata (one single-query row per token), the draft
+    layers keep no native window, the target is untouched."""
+    drafts = draft_layers(engine)
+    [worker] = engine["workers"]
+    for r in worker["pass_records"]:
+        assert r["window"]["draft_sink_size"] == SINKS
+    assert set().union(*(r["rewritten_layers"] for r in worker["pass_records"])) == drafts
+    calls = worker["calls"]
+    for name in drafts:
+        record = calls[name]
+        assert record["calls"] > 0
+        assert record["windowed"] == record["expanded"] == record["calls"], (name, record)
+        assert record["sink_size"] == SINKS and record["sliding_window"] == "-1"
+    for name in TARGET_LAYERS:
+        assert calls[name]["windowed"] == calls[name]["expanded"] == 0
+    stats = worker["stats"]
+    assert stats["metadata_expanded"] == stats["metadata_windowed"] > 0
+
+
+@pytest.mark.parametrize("engine", ["self_narrow_sinks"], indirect=True)
+def test_sinks_draft_prefill_longer_than_the_window_was_expanded(engine):
+    for name in draft_layers(engine):
+        assert engine["workers"][0]["calls"][name]["expanded_max_tokens"] > NARROW - NUM_SPEC
+
+
+def test_self_draft_wide_window_with_sinks_accepts_exactly_what_no_window_accepts(engines):
+    """W = 2048 > max_model_len: the window + sinks hides nothing, so the self-draft
+    through the per-token expansion must draft exactly what it drafts unwindowed."""
+    off, wide = engines["self_off"], engines["self_wide_sinks"]
+    for report in (off, wide):
+        assert "error" not in report, report.get("error")
+    assert accepted(off) > 0
+    assert accepted(wide) == accepted(off)
+    assert (wide["metrics"]["vllm:spec_decode_num_drafts"]
+            == off["metrics"]["vllm:spec_decode_num_drafts"])

@@ -3,12 +3,15 @@
 Same arguments and in-place semantics as ``vllm::unified_attention_with_output``
 (writes ``output``; ``output_block_scale`` is in the mutation set too) plus
 ``window_size`` (W), ``future_offset`` (K) and ``max_num_seqs`` (capacity of
-the persistent window buffers). The pass emits it only for draft layers. At
-run time it gives the layer's attention implementation the backend's native
-per-token window of ``W - K`` tokens, windows the layer's metadata from
-vLLM's forward context (``metadata.StepWindows``: once per metadata object
-per step) and calls the implementation with it. slot_mapping and the
-KV-cache update op are untouched.
+the persistent window buffers), and, with attention sinks only, ``sink_size``
+(S > 0) and ``max_num_tokens`` (row capacity of the per-token buffers). The
+pass emits it only for draft layers. At run time, without sinks, it gives the
+layer's attention implementation the backend's native per-token window of
+``W - K`` tokens, windows the layer's metadata from vLLM's forward context
+(``metadata.StepWindows``: once per metadata object per step) and calls the
+implementation with it; with sinks the layer keeps no native window and gets
+the per-token expanded metadata instead (``metadata.sink_window_metadata``).
+slot_mapping and the KV-cache update op are untouched.
 
 The op is registered with ``torch.Tag.cudagraph_unsafe``: under
 ``use_inductor_graph_partition`` Inductor leaves it outside the captured
@@ -34,7 +37,7 @@ from vllm.model_executor.layers.attention.kv_transfer_utils import maybe_transfe
 from vllm.utils.torch_utils import LayerNameType, _resolve_layer_name, direct_register_custom_op
 
 from dspark_compile.integrations.vllm.metadata import (
-    StepWindows, is_causal, metadata_backend, set_native_window)
+    StepWindows, check_no_native_window, is_causal, metadata_backend, set_native_window)
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +59,25 @@ def unified_attention_with_output_windowed(
     output_scale: torch.Tensor | None = None,
     output_block_scale: torch.Tensor | None = None,
     kv_cache_dummy_dep: torch.Tensor | None = None,
+    sink_size: int = 0,
+    max_num_tokens: int = 0,
 ) -> None:
     del kv_cache_dummy_dep  # ordering dependency on the KV-cache update only
     name = _resolve_layer_name(layer_name)
     attn_metadata, layer, kv_cache, _ = get_attention_context(name)
     if attn_metadata is not None:
-        set_native_window(layer, metadata_backend(attn_metadata), window_size - future_offset,
-                          is_causal(attn_metadata))
-        attn_metadata = STEP_WINDOWS.windowed(get_forward_context(), name, layer, attn_metadata,
-                                              kv_cache, window_size, future_offset,
-                                              max_num_seqs, query.dtype)
+        if sink_size:
+            check_no_native_window(layer, metadata_backend(attn_metadata))
+            attn_metadata = STEP_WINDOWS.windowed(
+                get_forward_context(), name, layer, attn_metadata, kv_cache, window_size,
+                future_offset, max_num_seqs, query.dtype, sink_size=sink_size,
+                max_num_tokens=max_num_tokens)
+        else:
+            set_native_window(layer, metadata_backend(attn_metadata),
+                              window_size - future_offset, is_causal(attn_metadata))
+            attn_metadata = STEP_WINDOWS.windowed(get_forward_context(), name, layer,
+                                                  attn_metadata, kv_cache, window_size,
+                                                  future_offset, max_num_seqs, query.dtype)
     layer.impl.forward(layer, query, key, value, kv_cache, attn_metadata, output=output,
                        output_scale=output_scale, output_block_scale=output_block_scale)
 

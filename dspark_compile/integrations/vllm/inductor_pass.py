@@ -3,8 +3,9 @@
 It rewrites ``vllm::unified_attention_with_output`` calls of DRAFT layers
 (functionalized v1/v2 or direct) into
 ``dspark::unified_attention_with_output_windowed`` with the same arguments
-plus ``window_size``, ``future_offset`` and ``max_num_seqs``; target-layer
-calls, the KV-cache update op and slot_mapping are untouched.
+plus ``window_size``, ``future_offset`` and ``max_num_seqs`` (and, with
+attention sinks, ``sink_size`` and ``max_num_tokens``); target-layer calls,
+the KV-cache update op and slot_mapping are untouched.
 
 Settings come from the ``VllmConfig`` of the model being compiled
 (``compile_context.find_compile_context``: the ``@support_torch_compile``
@@ -51,8 +52,9 @@ class DraftWindowInductorPass(InductorPass):
     """Draft KV sliding window as a vLLM post-grad custom pass.
 
     Arguments override what the ``VllmConfig`` says
-    (``additional_config["draft_window_size"]``, ``speculative_config.method``
-    and ``.num_speculative_tokens``); ``None`` reads it. The config is that
+    (``additional_config["draft_window_size"]`` and ``["draft_sink_size"]``,
+    ``speculative_config.method`` and ``.num_speculative_tokens``); ``None``
+    reads it. The config is that
     of the vLLM model being compiled, so one module-level instance serves
     every engine. ``uuid()`` covers the resolved config: two window sizes
     never share a compile-cache entry.
@@ -60,9 +62,10 @@ class DraftWindowInductorPass(InductorPass):
 
     def __init__(self, draft_window_size: Optional[int] = None, method: Optional[str] = None,
                  num_speculative_tokens: Optional[int] = None,
-                 future_offset: Optional[int] = None) -> None:
+                 future_offset: Optional[int] = None,
+                 draft_sink_size: Optional[int] = None) -> None:
         self.overrides = WindowOverrides(draft_window_size, method, num_speculative_tokens,
-                                         future_offset)
+                                         future_offset, draft_sink_size)
 
     def window_config(self, vllm_config: Any = None) -> DraftWindowConfig:
         """Resolved config for ``vllm_config`` (default: that of the model being compiled)."""
@@ -113,6 +116,11 @@ class DraftWindowInductorPass(InductorPass):
         draft_graph = CompileContext(vllm_config, model_tag, "").is_draft_model
         layers = _static_layers(vllm_config)
         max_num_seqs = _max_num_seqs(vllm_config)
+        # Attention sinks: two more arguments, only when S > 0 (S = 0 emits the
+        # call without sinks exactly as before).
+        sinks = ({"sink_size": config.draft_sink_size,
+                  "max_num_tokens": _max_num_tokens(vllm_config)}
+                 if config.draft_sink_size else {})
         op = torch.ops.vllm.unified_attention_with_output.default
         new_op = attention_op.windowed_attention_op()
         for node in list(graph.nodes):
@@ -137,7 +145,7 @@ class DraftWindowInductorPass(InductorPass):
             _check_backend(name, layer)
             extra = {"window_size": config.draft_window_size,
                      "future_offset": config.resolved_future_offset,
-                     "max_num_seqs": max_num_seqs}
+                     "max_num_seqs": max_num_seqs, **sinks}
             _retarget(node, functionalized, new_op, extra)
             stats[keys.REWRITTEN] += 1
             rewritten.append(name)
@@ -162,6 +170,14 @@ def _max_num_seqs(vllm_config: Any) -> int:
     scheduler = getattr(vllm_config, "scheduler_config", None)
     value = getattr(scheduler, "max_num_seqs", None)
     return int(value) if value else 1
+
+
+def _max_num_tokens(vllm_config: Any) -> int:
+    """Most tokens of a step (``scheduler_config.max_num_batched_tokens``; vLLM's
+    proposers size their input buffers with it): rows of the per-token sink buffers."""
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    value = getattr(scheduler, "max_num_batched_tokens", None)
+    return int(value) if value else 0
 
 
 def _retarget(node: torch.fx.Node, functionalized: bool, new_op: Any,
