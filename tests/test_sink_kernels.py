@@ -20,42 +20,9 @@ from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
 from dspark_compile.runtime import SlidingWindowAdapter
+from tests.dense_sink_oracle import dense_sink_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _lo(p, W, b, K):
-    return max(p + 1 + K - W, 0) // b * b
-
-
-def dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
-                         query_start_loc, scale, causal, W, K, S):
-    """float64 attention over the FULL table with the explicit mask: a query at
-    p sees j if ``j <= p`` (causal) and ``j < S_b or j >= lo(anchor)`` (anchor:
-    p if causal, else the request's last position); W None: no window."""
-    b, group = key_cache.shape[1], query.shape[1] // key_cache.shape[2]
-    sink_b = -(-S // b) * b
-    out = torch.zeros(query.shape, dtype=torch.float64)
-    locs = query_start_loc.tolist()
-    for i, s in enumerate(seq_lens.tolist()):
-        q_len = locs[i + 1] - locs[i]
-        if q_len == 0 or s == 0:
-            continue
-        blocks = block_table[i, :-(-s // b)].long()
-        k = key_cache[blocks].flatten(0, 1)[:s].double().cpu().repeat_interleave(group, 1)
-        v = value_cache[blocks].flatten(0, 1)[:s].double().cpu().repeat_interleave(group, 1)
-        mask = torch.zeros(q_len, s, dtype=torch.bool)
-        for r in range(q_len):
-            p = s - q_len + r
-            anchor = p if causal else s - 1
-            for j in range(s):
-                in_window = W is None or j < sink_b or j >= _lo(anchor, W, b, K)
-                mask[r, j] = (j <= p or not causal) and in_window
-        q = query[locs[i]:locs[i + 1]].double().cpu()
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
-        out[locs[i]:locs[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v)
-    return out
 
 
 # seq_lens, q_lens, W, b, K, S, (Hq, Hkv): the edge cases sinks must get right.

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from dspark_compile.arithmetic import window
 from dspark_compile.kernels.paged_attention import paged_attention_ref
+from tests.dense_sink_oracle import dense_sink_attention, lower_bound
 
 
 @st.composite
@@ -32,10 +33,6 @@ def _slots(table_row, num_tokens, b):
     return (table_row[t // b].long() * b + t % b).tolist()
 
 
-def _lo(p, W, b, K):
-    return max(p + 1 + K - W, 0) // b * b
-
-
 @settings(max_examples=300, deadline=None)
 @given(sink_cases(), st.integers(0, 2**31 - 1), st.booleans())
 def test_windowed_table_holds_the_sinks_then_the_window_once(case, seed, packed):
@@ -51,7 +48,7 @@ def test_windowed_table_holds_the_sinks_then_the_window_once(case, seed, packed)
     assert wtable.shape == (len(seq_lens), cols)
     sink_b = -(-S // b) * b
     for i, s in enumerate(seq_lens):
-        lo = _lo(s - 1, W, b, K) if s else 0
+        lo = lower_bound(s - 1, W, b, K) if s else 0
         want = [j for j in range(s) if j < sink_b or j >= lo]
         assert int(wlen[i]) == len(want) <= window.windowed_len_bound(W, b, K, sink_size=S)
         full = _slots(table[i], s, b)
@@ -75,7 +72,7 @@ def test_causal_table_and_offsets_map_tokens_to_their_positions(case, seed, pack
     sink_b = -(-S // b) * b
     for i, s in enumerate(seq_lens):
         first = s - max(q_lens[i], 1)
-        lo = _lo(first, W, b, K) if s else 0
+        lo = lower_bound(first, W, b, K) if s else 0
         want = [j for j in range(s) if j < sink_b or j >= lo]
         assert int(offset[i]) == lo and int(wlen[i]) == len(want)
         positions = window.table_token_positions(
@@ -107,28 +104,6 @@ def test_bad_sink_size_names_the_argument():
                             torch.tensor([3]), torch.tensor([0, 1]), 1.0, True, sink_size=4)
 
 
-def _dense_sink_attention(query, keys, values, seq_lens, q_lens, W, b, K, S, causal, scale):
-    """Attention over contiguous per-request keys with the explicit mask
-    ``j < S_b or j >= lo(p)`` (p: own position if causal, else the last)."""
-    out, begin, sink_b = [], 0, -(-S // b) * b
-    for i, s in enumerate(seq_lens):
-        q = query[begin:begin + q_lens[i]].float()
-        begin += q_lens[i]
-        if q_lens[i] == 0:
-            continue
-        mask = torch.zeros(q_lens[i], s, dtype=torch.bool)
-        for r in range(q_lens[i]):
-            p = s - q_lens[i] + r
-            anchor = p if causal else s - 1
-            for j in range(s):
-                mask[r, j] = (j <= p or not causal) and (j < sink_b or j >= _lo(anchor, W, b, K))
-        k, v = keys[i].float().repeat_interleave(2, 1), values[i].float().repeat_interleave(2, 1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
-        out.append(torch.einsum("hqk,khd->qhd", probs, v))
-    return torch.cat(out) if out else query.new_zeros(0, *query.shape[1:]).float()
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("W,b,K,S", [(24, 8, 0, 8), (24, 8, 2, 17), (10, 4, 1, 40),
                                       (100, 16, 0, 16), (9, 16, 3, 5)])
@@ -148,14 +123,10 @@ def test_reference_full_and_windowed_tables_match_the_dense_mask(causal, W, b, K
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     query = torch.randn(sum(q_lens), 2 * hkv, d)
-    keys = [kc[table[i, :-(-s // b)].long()].flatten(0, 1)[:s] if s else kc[:0, 0]
-            for i, s in enumerate(seq_lens)]
-    values = [vc[table[i, :-(-s // b)].long()].flatten(0, 1)[:s] if s else vc[:0, 0]
-              for i, s in enumerate(seq_lens)]
-    want = _dense_sink_attention(query, keys, values, seq_lens, q_lens, W, b, K, S, causal, 0.3)
+    want = dense_sink_attention(query, kc, vc, table, lens, qsl, 0.3, causal, W, K, S)
     full = paged_attention_ref(query, kc, vc, table, lens, qsl, 0.3, causal,
                                window_size=W, future_offset=K, sink_size=S)
-    torch.testing.assert_close(full.float(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(full.double(), want, rtol=1e-5, atol=1e-5)
     if causal:
         wlen, wtable, offset = window.causal_window_metadata(
             lens, table, qsl, W, b, K, max_query_len=max(q_lens), sink_size=S)
@@ -164,4 +135,4 @@ def test_reference_full_and_windowed_tables_match_the_dense_mask(causal, W, b, K
     else:
         wlen, wtable = window.window_seq_lens_and_block_table(lens, table, W, b, K, S)
         got = paged_attention_ref(query, kc, vc, wtable, wlen, qsl, 0.3, False)
-    torch.testing.assert_close(got.float(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

@@ -21,38 +21,10 @@ from dspark_compile.passes.attention_registry import (
     AttentionOpSpec, PerTokenWindowArgs, attention_op_specs, register_attention_op)
 from dspark_compile.passes.draft_window import DraftWindowPass
 from dspark_compile.passes.graph_utils import get_arg
+from tests.dense_sink_oracle import dense_sink_attention
 from tests.draft_cases import make_draft_case, run_eager_reference
 
 B = 4  # the draft cases' KV block size
-
-
-def dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-                         scale, causal, W, K, S):
-    """float64 attention over the FULL table, masked per query from positions."""
-    b, group = key_cache.shape[1], query.shape[1] // key_cache.shape[2]
-    sink_end = -(-S // b) * b
-    out = torch.zeros(query.shape, dtype=torch.float64)
-    locs = query_start_loc.tolist()
-    for i, s in enumerate(seq_lens.tolist()):
-        q_len = locs[i + 1] - locs[i]
-        if q_len == 0 or s == 0:
-            continue
-        blocks = block_table[i, :(s + b - 1) // b].long()
-        k = key_cache[blocks].flatten(0, 1)[:s].double().repeat_interleave(group, 1)
-        v = value_cache[blocks].flatten(0, 1)[:s].double().repeat_interleave(group, 1)
-        mask = torch.zeros(q_len, s, dtype=torch.bool)
-        for r in range(q_len):
-            p = s - q_len + r
-            anchor = p if causal else s - 1
-            lo = max(anchor + 1 + K - W, 0) // b * b
-            for j in range(s):
-                mask[r, j] = (j <= p or not causal) and (j < sink_end or j >= lo)
-        q = query[locs[i]:locs[i + 1]].double()
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        scores = scores.masked_fill(~mask, float("-inf"))
-        out[locs[i]:locs[i + 1]] = torch.einsum(
-            "hqk,khd->qhd", torch.softmax(scores, -1).nan_to_num(0.0), v)
-    return out
 
 
 def _dense_eager(case, W, K, S):
