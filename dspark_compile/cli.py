@@ -129,8 +129,8 @@ def _add_study_parsers(commands) -> None:
         "of 1 and 4 KV blocks. Writes study.json (after every cell), "
         "study.md and study.png to OUT_DIR.")
     study.add_argument("--scale", choices=sorted(SCALES), default="quick",
-                       help="h200: a few GPU minutes; quick: the CPU scale (estimated ~15 min "
-                       "on 2 idle cores); smoke: toy sizes, for tests (default: quick)")
+                       help="h200: a few GPU minutes; quick: the CPU scale (8 min on 2 idle "
+                       "cores, measured 2026-11-30); smoke: toy sizes, for tests (default: quick)")
     study.add_argument("--out-dir", default="dspark_study", help="default: ./dspark_study")
     study.add_argument("--device", default=None, help="torch device (default: cuda if "
                        "available, else cpu)")
