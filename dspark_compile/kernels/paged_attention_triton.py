@@ -31,7 +31,10 @@ Layout of the work:
   for ~2k tokens. With a window, a query tile starts at the block of its first
   query's ``lo``; splits wholly below it exit at once. With sinks it also
   reads the table tokens ``[0, min(S_b, that lo))`` (a separate loop, compiled
-  only when S > 0): never a token twice.
+  only when S > 0): never a token twice. Given a window but no ``kv_offset``
+  (the full table), the splits cut the tile's window span instead
+  (``WINDOW_SPLITS``: split s reads ``[kv_begin + s * tokens_per_split, ...)``),
+  so the window costs no extra launch.
 - fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
   combines the splits by their log-sum-exp.
 No host synchronisation anywhere: CUDA-graph capturable.
@@ -144,7 +147,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
     SINK_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, WINDOW_SPLITS: tl.constexpr,
 ):
     if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
         kv_head = tl.program_id(0)
@@ -153,16 +156,27 @@ def _paged_attention_kernel(
         tile = tl.program_id(0)
         kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q, EXACT_TILES)
-    q_begin = tl.load(qsl_ptr + req)
-    q_len = tl.load(qsl_ptr + req + 1) - q_begin
-    if EXACT_TILES:
+    if EXACT_TILES:  # decode: token `tile` is usually request `tile`'s only query, so
+        # guess that (three independent loads) before a binary search (~6 dependent ones)
+        in_range = tile < num_reqs
+        q_begin = tl.load(qsl_ptr + tile, mask=in_range, other=-1)
+        q_len = tl.load(qsl_ptr + tile + 1, mask=in_range, other=-1) - q_begin
+        seq_len = tl.load(seq_lens_ptr + tile, mask=in_range, other=0)
+        req = tile
+        if (q_begin != tile) | (q_len != 1):
+            req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q, EXACT_TILES)
+            q_begin = tl.load(qsl_ptr + req)
+            q_len = tl.load(qsl_ptr + req + 1) - q_begin
+            seq_len = tl.load(seq_lens_ptr + req)
         local_tile = tile - q_begin
     else:
+        req = _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q, EXACT_TILES)
+        q_begin = tl.load(qsl_ptr + req)
+        q_len = tl.load(qsl_ptr + req + 1) - q_begin
+        seq_len = tl.load(seq_lens_ptr + req)
         local_tile = tile - (q_begin // BLOCK_Q + req)
     if local_tile * BLOCK_Q >= q_len:
         return
-    seq_len = tl.load(seq_lens_ptr + req)
 
     rows = tl.arange(0, BLOCK_M)
     q_idx = local_tile * BLOCK_Q + rows // GROUP             # query index within the request
@@ -207,10 +221,18 @@ def _paged_attention_kernel(
         kv_begin = tl.maximum(
             tl.maximum(shift + first_anchor + 1 + future_offset - window_size, 0)
             // BLOCK_SIZE * BLOCK_SIZE - shift, 0)
-    split_begin = tl.maximum(split * tokens_per_split, kv_begin)
-    split_end = tl.minimum(split * tokens_per_split + tokens_per_split, kv_end)
-    if SINK_TOKENS > 0:  # table tokens [0, S_b) below the window: always visible
-        sink_end = tl.minimum(tl.minimum(SINK_TOKENS, kv_begin), split_end)
+    if WINDOW_SPLITS:  # full table, window applied here: splits cut [kv_begin, kv_end)
+        split_begin = kv_begin + split * tokens_per_split
+        split_end = tl.minimum(split_begin + tokens_per_split, kv_end)
+        sink_begin = 0
+        if SINK_TOKENS > 0:  # all sinks below the window go to split 0
+            sink_end = tl.where(split == 0, tl.minimum(SINK_TOKENS, kv_begin), 0)
+    else:              # splits cut the table's columns [0, width * b)
+        split_begin = tl.maximum(split * tokens_per_split, kv_begin)
+        split_end = tl.minimum(split * tokens_per_split + tokens_per_split, kv_end)
+        sink_begin = split * tokens_per_split
+        if SINK_TOKENS > 0:  # table tokens [0, S_b) below the window: always visible
+            sink_end = tl.minimum(tl.minimum(SINK_TOKENS, kv_begin), split_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -220,7 +242,7 @@ def _paged_attention_kernel(
     v_head = v_ptr + kv_head.to(tl.int64) * v_stride2
     if SINK_TOKENS > 0:  # the sinks below the tile's window: a second, disjoint range
         m_i, l_i, acc = _attend_range(
-            q, q_pos, lo, m_i, l_i, acc, split * tokens_per_split, sink_end,
+            q, q_pos, lo, m_i, l_i, acc, sink_begin, sink_end,
             table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0,
             v_stride1, d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED,
             SINK_TOKENS, DOT_PRECISION, UPCAST_DOT)
@@ -385,7 +407,8 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                   num_sms: Optional[int] = None, programs_per_sm: Optional[int] = None,
                   resident_per_sm: Optional[int] = None,
                   min_split_tokens: Optional[int] = None, exact_tiles: Optional[bool] = None,
-                  heads_first: Optional[bool] = None) -> LaunchConfig:
+                  heads_first: Optional[bool] = None,
+                  window_tokens: Optional[int] = None) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
     Tiles: ``DECODE_TILES`` when a query tile has at most 16 rows, else
@@ -395,11 +418,16 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
     ``resident_per_sm x SMs`` programs, each split at least ``min_split_tokens``
     (256) tokens, at most 512 splits. With ``programs_per_sm`` the earlier rule:
     ``ceil(programs_per_sm x SMs / programs)`` splits, same bounds.
+    ``window_tokens`` W: the kernel applies a W-token window to a full table
+    itself, so a query tile reads at most ``W + b + block_q`` tokens (the
+    splits then cut that span, not the table's width).
     """
     mean_q = max(1, -(-num_tokens // max(num_reqs, 1)))
     block_q = min(triton.next_power_of_2(mean_q), max(1, 64 // group))
     block_m = max(16, triton.next_power_of_2(block_q * group))
     max_kv = max(table_width * block_size, 1)
+    if window_tokens is not None:  # lo(first query) .. last query + 1, block aligned
+        max_kv = min(max_kv, window_tokens + block_size + block_q)
     if block_m <= 16:
         tiles = DECODE_TILES
     else:
@@ -449,6 +477,10 @@ def paged_attention_triton(
     kept - 1``) and token ``t >= kept`` is at ``kv_offset[i] + t - kept``; each
     query tile then reads two disjoint ranges, ``[0, min(S_b, first lo))`` and
     its window. S = 0 compiles the kernel without any sink code.
+    ``window_size`` without ``kv_offset`` applies the window to the FULL table
+    in this one launch (no window-metadata kernel, no gathered table): the
+    splits then cut each query tile's window span (``W + b + block_q``
+    tokens at most), not the table's width, and the sinks are read by split 0.
     ``out [T, Hq, D]`` (query's dtype) is written in place when given.
     ``num_splits``/``block_n``/``num_warps``/``num_stages`` and the other
     ``LAUNCH_KNOBS`` (keyword only: ``programs_per_sm``, ``min_split_tokens``,
@@ -476,9 +508,10 @@ def paged_attention_triton(
         return out
     if block_table.shape[1] == 0:  # no KV anywhere: every query sees nothing
         return out.zero_()
+    window_splits = window_size is not None and kv_offset is None
     cfg = choose_launch(num_tokens, num_reqs, num_kv_heads, group, block_table.shape[1],
                         block_size, query.device, num_splits, block_n, num_warps, num_stages,
-                        **launch)
+                        window_tokens=window_size if window_splits else None, **launch)
     if cfg.num_splits > 1:
         parts = torch.empty((num_tokens, num_heads, cfg.num_splits, head_dim),
                             dtype=torch.float32, device=query.device)
@@ -505,7 +538,8 @@ def paged_attention_triton(
         WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
         SINK_TOKENS=sink_tokens(sink_size, block_size),
         DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), EXACT_TILES=cfg.exact_tiles,
-        HEADS_FIRST=cfg.heads_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HEADS_FIRST=cfg.heads_first, WINDOW_SPLITS=window_splits,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
             parts, lse, out, out.stride(0), out.stride(1), cfg.num_splits,
