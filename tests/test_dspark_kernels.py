@@ -169,8 +169,28 @@ def test_fused_markov_sampling_ties_pick_the_first_index_and_signs_order():
     assert torch.equal(got.cpu(), want)
 
 
+@pytest.mark.parametrize("block_v,num_warps", [(128, 1), (1024, 4), (8192, 16)])
+def test_fused_markov_launch_knobs_do_not_change_tokens(block_v, num_warps):
+    """Tiles of 128 to 8192 tokens (40 programs per row down to one): the row's last
+    program writes the token, whichever that is."""
+    head, base, anchors = _markov_case(5, 3, 5000, 8, torch.float32, seed=4)
+    seeds = torch.tensor([3, 1, 2**40 + 5, -7, 11], device=DEVICE)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0], device=DEVICE)
+    with torch.no_grad():
+        want = sample_sequential(base, anchors, head, temperature, seeds)
+        got = sample_sequential_triton(base, anchors, head, temperature, seeds,
+                                       block_v=block_v, num_warps=num_warps)
+    assert torch.equal(got, want)
+
+
 def test_fused_markov_sampling_validates_and_handles_empty():
     head, base, anchors = _markov_case(2, 3, 64, 4, torch.float32, seed=3)
+    for knobs, message in ((dict(block_v=100), "block_v=100 is invalid: expected a power"),
+                           (dict(block_v=64), "block_v=64 is invalid"),
+                           (dict(num_warps=3), "num_warps=3 is invalid: expected 1, 2, 4")):
+        with pytest.raises(ValueError, match=message):
+            sample_sequential_triton(base, anchors, head, 0.0, torch.zeros(2, device=DEVICE),
+                                     **knobs)
     with pytest.raises(ValueError, match="anchor_tokens has shape"):
         sample_sequential_triton(base, anchors[:1], head, 0.0, torch.zeros(2, device=DEVICE))
     empty = sample_sequential_triton(base[:, :0], anchors, head, 1.0,

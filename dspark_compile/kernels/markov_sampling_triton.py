@@ -11,8 +11,11 @@ uses). The first maximal index wins, as in ``torch.argmax``.
 
 Each program reduces a ``BLOCK_V`` slice of one row to its best (value, index)
 and merges it into the row's winner with one 64-bit ``atomic_max`` on a key
-that orders by value, then by lower index. No host synchronisation: the
-whole draft block captures as one CUDA graph. Logits must not hold NaN
+that orders by value, then by lower index. The row's last program to finish
+(an ``atomic_add`` counter, acquire-release) decodes the winner and writes the
+token, which is the next step's ``prev``: one launch per step besides the
+head. No host synchronisation: the whole draft block captures as one CUDA
+graph. Logits must not hold NaN
 (``torch.argmax`` would pick the NaN; this kernel does not).
 """
 
@@ -29,7 +32,7 @@ from triton.language.extra import libdevice
 from dspark_compile.kernels.sampling_args import check_sampling_args
 
 BLOCK_V = 4096
-_LOW32 = 0xFFFFFFFF
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -44,8 +47,8 @@ def _mix32(x):
 
 @triton.jit(do_not_specialize=["step"])
 def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, seed_ptr,
-                        pos_ptr, step, best_ptr, vocab, SAMPLE: tl.constexpr,
-                        LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+                        pos_ptr, step, best_ptr, count_ptr, token_ptr, vocab,
+                        SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     tokens = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_vocab = tokens < vocab
@@ -76,18 +79,27 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
     low = tl.full([], 4294967295, dtype=tl.int64) - first.to(tl.int64)
     packed = (ordered << 32) | low
     tl.atomic_max(best_ptr + row, packed)
-
-
-def _decode(packed: torch.Tensor) -> torch.Tensor:
-    """Token ids from the packed (value, ``2**32 - 1 - index``) keys."""
-    return _LOW32 - torch.bitwise_and(packed, _LOW32)
+    # acq_rel: the last arrival sees every program's atomic_max of this row
+    if tl.atomic_add(count_ptr + row, 1) == tl.num_programs(1) - 1:
+        winner = tl.atomic_max(best_ptr + row, packed)     # the row's final key
+        tl.store(token_ptr + row, 4294967295 - (winner & 4294967295))
 
 
 def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                              markov_head: nn.Module, temperature: Union[float, torch.Tensor],
                              seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
+                             *, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
                              ) -> torch.Tensor:
-    """``sample_sequential`` with one fused kernel per step; ``[R, N]`` int64 tokens."""
+    """``sample_sequential`` with one fused kernel per step; ``[R, N]`` int64 tokens.
+
+    ``block_v`` (a power of two >= 128) vocabulary entries per program and
+    ``num_warps`` (1, 2, 4, 8 or 16) are launch knobs; the tokens do not
+    depend on them.
+    """
+    if not isinstance(block_v, int) or block_v < 128 or block_v & (block_v - 1):
+        raise ValueError(f"block_v={block_v!r} is invalid: expected a power of two >= 128")
+    if num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps={num_warps!r} is invalid: expected 1, 2, 4, 8 or 16")
     temperature, positions, greedy_only = check_sampling_args(base_logits, anchor_tokens,
                                                               temperature, seeds, positions)
     num_reqs, num_steps, vocab = base_logits.shape
@@ -100,17 +112,22 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     positions = positions.to(device=device, dtype=torch.int64)
     packed = torch.full((num_steps, num_reqs), torch.iinfo(torch.int64).min, dtype=torch.int64,
                         device=device)
+    arrivals = torch.zeros((num_steps, num_reqs), dtype=torch.int32, device=device)
+    tokens = torch.empty((num_steps, num_reqs), dtype=torch.int64, device=device)
     prev = anchor_tokens.to(torch.int64)
-    grid = (num_reqs, triton.cdiv(vocab, BLOCK_V))
-    for step in range(num_steps):
+    grid = (num_reqs, triton.cdiv(vocab, block_v))
+    step_views = zip(base_logits.unbind(1), packed.unbind(0), arrivals.unbind(0),
+                     tokens.unbind(0))                       # host: one call per tensor
+    for step, (step_base, step_best, step_arrivals, step_tokens) in enumerate(step_views):
         bias = markov_head(prev)
         if tuple(bias.shape) != (num_reqs, vocab):
             raise ValueError(f"markov_head returned shape {tuple(bias.shape)}: expected "
                              f"[{num_reqs}, {vocab}]")
         bias = bias if bias.stride(1) == 1 else bias.contiguous()
         _markov_step_kernel[grid](
-            base_logits[:, step], base_logits.stride(0), bias, bias.stride(0), temperature,
-            seeds, positions, step, packed[step], vocab, SAMPLE=not greedy_only,
-            LIBDEVICE=device.type == "cuda", BLOCK=BLOCK_V, num_warps=8)
-        prev = _decode(packed[step])
-    return _decode(packed).t().contiguous()
+            step_base, base_logits.stride(0), bias, bias.stride(0), temperature,
+            seeds, positions, step, step_best, step_arrivals, step_tokens, vocab,
+            SAMPLE=not greedy_only, LIBDEVICE=device.type == "cuda", BLOCK=block_v,
+            num_warps=num_warps)
+        prev = step_tokens
+    return tokens.t().contiguous()
