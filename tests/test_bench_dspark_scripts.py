@@ -24,6 +24,16 @@ def test_mla_configs_parse_into_launch_shapes():
     assert (first.group, first.block_h, first.block_n, first.num_warps, first.num_stages,
             first.num_splits) == (4, 16, 64, 8, 2, None)
     assert (second.group, second.num_splits) == (2, 2)
+    for bad in ("4,16", "4,16,64,8,2,0,1", "4,16,x,8,2,0"):
+        with pytest.raises(ValueError, match=f"--mla-configs entry '{bad}' is invalid"):
+            bench.parse_mla_configs(bad)
+
+
+def test_markov_launches_parse():
+    bench = _load("bench_dspark_kernels")
+    assert bench.parse_markov_launches("4096,8;2048,4;") == [(4096, 8), (2048, 4)]
+    with pytest.raises(ValueError, match="--markov-launches entry '4096' is invalid"):
+        bench.parse_markov_launches("4096")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
