@@ -41,7 +41,9 @@ logger = logging.getLogger(__name__)
 class GroupedMLAConfig:
     """Launch shape: ``group`` tokens x ``block_h`` heads per program, ``block_n``
     slots per tile, ``num_splits`` programs along the index columns (``None``:
-    enough to fill one wave of SMs).
+    enough to fill one wave of SMs). ``scan_block``: index columns per step of the
+    pre-scan (a power of two); ``prefetch_indices``: load the next KV tile's
+    indices one iteration ahead, so the tile's gather does not wait for them.
 
     The defaults are the fastest 16-bit shape measured on the H200
     (``benchmarks/results/2026-11-30-h200-dspark-kernels.md``); they need ~221 KB
@@ -54,6 +56,17 @@ class GroupedMLAConfig:
     num_splits: int | None = None
     num_warps: int = 8
     num_stages: int = 2
+    scan_block: int = 512
+    prefetch_indices: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("group", "block_h", "block_n", "num_warps", "scan_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"{name}={value!r} is invalid: expected a power of two")
+        if self.num_stages < 1 or (self.num_splits is not None and self.num_splits < 1):
+            raise ValueError(f"num_stages={self.num_stages!r} / num_splits={self.num_splits!r} "
+                             "are invalid: expected >= 1 (num_splits None: automatic)")
 
 
 @triton.jit
@@ -75,7 +88,8 @@ def _grouped_sparse_mla_kernel(
         num_tokens, num_heads, width, cols_per_split, scale,
         LORA: tl.constexpr, ROPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLIT: tl.constexpr, PRECISION: tl.constexpr):
+        SPLIT: tl.constexpr, PRECISION: tl.constexpr, SCAN: tl.constexpr,
+        PREFETCH: tl.constexpr):
     pid_g = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -91,12 +105,13 @@ def _grouped_sparse_mla_kernel(
     group_tok = t0 + tl.arange(0, GROUP)
     group_valid = group_tok < num_tokens
     cols = tl.arange(0, BLOCK_N)
+    scan_cols = tl.arange(0, SCAN)
     idx_row = idx_ptr + t0.to(tl.int64) * idx_stride
-    # Pre-scan of the whole rows (index bytes only): does every token of the group
-    # list the same slots? Mixed groups are left to the per-token kernel.
+    # Pre-scan of the whole rows (index bytes only, SCAN columns per step): does every
+    # token of the group list the same slots? Mixed groups go to the per-token kernel.
     differ = 0
-    for start in range(0, width, BLOCK_N):
-        col = start + cols
+    for start in range(0, width, SCAN):
+        col = start + scan_cols
         lead = tl.load(idx_row + col, mask=col < width, other=-1)
         tile = tl.load(idx_ptr + group_tok.to(tl.int64)[:, None] * idx_stride + col[None, :],
                        mask=group_valid[:, None] & (col < width)[None, :], other=-1)
@@ -116,9 +131,15 @@ def _grouped_sparse_mla_kernel(
     col_lo = pid_s * cols_per_split
     col_hi = tl.where(shared, tl.minimum(width, col_lo + cols_per_split), col_lo)
     # Shared rows: one KV tile load serves the whole [GROUP * BLOCK_H] query tile.
+    if PREFETCH:
+        lead = tl.load(idx_row + col_lo + cols, mask=col_lo + cols < col_hi, other=-1)
     for start in range(col_lo, col_hi, BLOCK_N):
-        col = start + cols
-        lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
+        if PREFETCH:  # this tile's indices came one iteration ahead; fetch the next's
+            col = start + BLOCK_N + cols
+            lead_next = tl.load(idx_row + col, mask=col < col_hi, other=-1)
+        else:
+            col = start + cols
+            lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
         live = lead >= 0
         scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
                                       lat_mask, rope, rope_mask, LORA, PRECISION)
@@ -131,6 +152,8 @@ def _grouped_sparse_mla_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
                                             input_precision=PRECISION)
         m_i = m_new
+        if PREFETCH:
+            lead = lead_next
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if SPLIT:
@@ -254,6 +277,7 @@ def _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg):
         LORA=kv_lora_rank, ROPE=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_L=block_l,
         BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=cfg.block_n,
         SPLIT=splits > 1, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        SCAN=cfg.scan_block, PREFETCH=cfg.prefetch_indices,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
