@@ -24,9 +24,9 @@ def test_mla_configs_parse_into_launch_shapes():
     assert (first.group, first.block_h, first.block_n, first.num_warps, first.num_stages,
             first.num_splits) == (4, 16, 64, 8, 2, None)
     assert (second.group, second.num_splits) == (2, 2)
-    (old,) = bench.parse_mla_configs("4,16,64,8,2,0,64,0")
-    assert old.scan_block == 64 and not old.prefetch_indices and first.prefetch_indices
-    for bad in ("4,16", "4,16,64,8,2,0,1", "4,16,x,8,2,0"):
+    (narrow,) = bench.parse_mla_configs("4,16,64,8,2,0,64")
+    assert narrow.scan_block == 64 and first.scan_block == 2048
+    for bad in ("4,16", "4,16,64,8,2,0,64,1", "4,16,x,8,2,0"):
         with pytest.raises(ValueError, match=f"--mla-configs entry '{bad}' is invalid"):
             bench.parse_mla_configs(bad)
 

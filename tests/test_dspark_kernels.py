@@ -43,9 +43,9 @@ GROUPED_CASES = [
      GroupedMLAConfig(block_n=16, num_splits=3)),
     ([150, 40], [8, 8], 5, 128, 4, 16, 8, GroupedMLAConfig(group=4, block_n=32, num_splits=4)),
     ([12, 20], [4, 4], 4, 100, 2, 16, 16, GroupedMLAConfig(group=8, block_n=16, num_splits=2)),
-    # the pre-scan in 16-column steps, indices loaded in the iteration that uses them
+    # the pre-scan in 16-column steps (several steps, the last one partial)
     ([21, 9, 0, 3, 40], [4, 4, 0, 3, 5], 4, 8, 3, 32, 16,
-     GroupedMLAConfig(block_n=16, num_splits=2, scan_block=16, prefetch_indices=False)),
+     GroupedMLAConfig(block_n=16, num_splits=2, scan_block=16)),
     # a scan step wider than the rows
     ([150, 40], [8, 8], 5, 128, 4, 16, 8, GroupedMLAConfig(block_n=32, scan_block=1024)),
 ]
@@ -81,7 +81,7 @@ def test_grouped_sparse_mla_mixed_rows_holes_and_empty_tokens():
     want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, 0.3, 16)
     for config in (GroupedMLAConfig(group=4, block_n=16),
                    GroupedMLAConfig(group=2, block_n=16, num_splits=2),
-                   GroupedMLAConfig(group=4, block_n=16, scan_block=16, prefetch_indices=False)):
+                   GroupedMLAConfig(group=4, block_n=16, scan_block=8)):
         got = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
                                                   indices.to(DEVICE), 0.3, 16, config).cpu()
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
