@@ -31,9 +31,10 @@ as the op runs) or comma-separated ``key=value`` overrides of
 ``paged_attention_triton``'s launch knobs (``CONFIG_KEYS``: splits, bn, warps,
 stages, ppsm = the earlier split rule's programs per SM, res = resident programs
 per SM for the wave-filling split rule, min_tokens = least tokens per split,
-exact = one tile per decode token, heads = KV head as the fastest grid axis). Every
-candidate is first checked against the torch reference (``paged_attention_ref``,
-fp32) on the full and the windowed table; one that misses (rel. err > 1e-2) or
+exact = one tile per decode token, heads = KV head as the fastest grid axis,
+early_v = V loaded with K). Every candidate is first checked against the torch
+reference (``paged_attention_ref``, fp32) on the full table, the windowed table and
+the full table with the in-kernel window; one that misses (rel. err > 1e-2) or
 fails is reported and not timed. List ``default`` twice to see the run's spread.
 """
 
@@ -53,7 +54,8 @@ HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIG_KEYS = {"splits": "num_splits", "bn": "block_n", "warps": "num_warps",
                "stages": "num_stages", "ppsm": "programs_per_sm", "res": "resident_per_sm",
                "min_tokens": "min_split_tokens", "exact": "exact_tiles",
-               "heads": "heads_first"}
+               "heads": "heads_first", "early_v": "early_v"}
+BOOL_KNOBS = ("exact_tiles", "heads_first", "early_v")
 MAX_REL_ERR = 1e-2
 
 
@@ -72,7 +74,7 @@ def graph_ms(fn) -> float:
 
 def parse_configs(text: str) -> list[tuple[str, dict]]:
     """``"default;ppsm=4,bn=32"`` -> ``[("default", {}), ("ppsm=4,bn=32",
-    {"programs_per_sm": 4, "block_n": 32})]`` (``CONFIG_KEYS``; ints, exact/heads
+    {"programs_per_sm": 4, "block_n": 32})]`` (``CONFIG_KEYS``; ints, ``BOOL_KNOBS``
     as 0/1)."""
     configs = []
     for item in (part.strip() for part in text.split(";")):
@@ -89,7 +91,7 @@ def parse_configs(text: str) -> list[tuple[str, dict]]:
                                  f"key one of {sorted(CONFIG_KEYS)}")
             knob = CONFIG_KEYS[key.strip()]
             number = int(value)
-            kwargs[knob] = bool(number) if knob in ("exact_tiles", "heads_first") else number
+            kwargs[knob] = bool(number) if knob in BOOL_KNOBS else number
         configs.append((item, kwargs))
     return configs
 
@@ -220,15 +222,19 @@ def sweep_case(configs, query, key_cache, value_cache, table_, seq_lens, qsl, sc
             lens, _, wtable = window_metadata_triton(seq_lens, table_, window, BLOCK)
             return paged_attention_triton(query, key_cache, value_cache, wtable, lens, qsl,
                                           scale, causal, **kwargs)
+        in_kernel = functools.partial(full, window_size=window)
         try:
-            for name, fn, width, ref in (("full", full, table_.shape[1], ref_full),
-                                         ("windowed", windowed, win_table.shape[1], ref_win)):
+            for name, fn, width, ref, window_tokens in (
+                    ("full", full, table_.shape[1], ref_full, None),
+                    ("windowed", windowed, win_table.shape[1], ref_win, None),
+                    ("in_kernel", in_kernel, table_.shape[1], ref_win, window)):
                 cfg = choose_launch(query.shape[0], batch, HKV, HQ // HKV, width, BLOCK,
-                                    query.device, **kwargs)
+                                    query.device, window_tokens=window_tokens, **kwargs)
                 row[f"{name}_launch"] = (f"splits={cfg.num_splits} bn={cfg.block_n} "
                                          f"warps={cfg.num_warps} stages={cfg.num_stages} "
                                          f"exact={int(cfg.exact_tiles)} "
-                                         f"heads={int(cfg.heads_first)}")
+                                         f"heads={int(cfg.heads_first)} "
+                                         f"early_v={int(cfg.early_v)}")
                 err = rel_err(fn(), ref)
                 row[f"err_{name}"] = err
                 if not err <= MAX_REL_ERR:
@@ -252,18 +258,20 @@ def sweep_table(results: list[dict], ceiling: float) -> str:
     headers = ["config"]
     for r in swept:
         case = f"{r['batch']}x{r['context'] // 1024}k q{r['q_len']}"
-        headers += [f"{case} full us (of SDPA)", f"{case} windowed us (x bound)"]
+        headers += [f"{case} full us (of SDPA)", f"{case} windowed us (x bound)",
+                    f"{case} in-kernel us (x bound)"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for i, (label, _) in enumerate((row["config"], None) for row in swept[0]["sweep"]):
         cells = [f"{i}: {label}"]
         for r in swept:
             row = r["sweep"][i]
-            if "full_us" not in row or "windowed_us" not in row:
-                cells += [row.get("error", "n/a"), ""]
+            if not all(f"{name}_us" in row for name in ("full", "windowed", "in_kernel")):
+                cells += [row.get("error", "n/a"), "", ""]
                 continue
             bound = r["windowed_MB"] / ceiling * 1e3
             cells += [f"{row['full_us']:.1f} ({r['sdpa_full_us'] / row['full_us']:.0%})",
-                      f"{row['windowed_us']:.1f} ({row['windowed_us'] / bound:.2f}x)"]
+                      f"{row['windowed_us']:.1f} ({row['windowed_us'] / bound:.2f}x)",
+                      f"{row['in_kernel_us']:.1f} ({row['in_kernel_us'] / bound:.2f}x)"]
         lines.append("| " + " | ".join(cells) + " |")
     launches = ["", "Launches chosen (full / windowed table):", ""]
     for r in swept:

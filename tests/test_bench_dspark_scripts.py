@@ -81,22 +81,24 @@ def test_peer_sweep_checks_each_candidate_and_tabulates(q_len, monkeypatch):
     qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
     query = torch.randn(batch * q_len, 8, 16, generator=gen)
     start = (context - window) // bench.BLOCK * bench.BLOCK
-    configs = bench.parse_configs("default;ppsm=1,exact=1,heads=1;splits=3,bn=16")
+    configs = bench.parse_configs("default;ppsm=1,exact=1,heads=1,early_v=1;splits=3,bn=16")
     original = bench.rel_err
     calls = []
 
     def rel_err(got, want):  # the third candidate's full result is made wrong
         calls.append(1)
-        return 1.0 if len(calls) == 5 else original(got, want)
+        return 1.0 if len(calls) == 7 else original(got, want)   # 3 checks per candidate
     monkeypatch.setattr(bench, "rel_err", rel_err)
     rows = bench.sweep_case(configs, query, kc, vc, table, seq_lens, qsl, 0.25, q_len == 1,
                             window, start)
     assert [r["config"] for r in rows] == [c[0] for c in configs]
-    assert all(r["err_full"] < 1e-4 and r["err_windowed"] < 1e-4 for r in rows[:2])
+    assert all(r["err_full"] < 1e-4 and r["err_windowed"] < 1e-4 and r["err_in_kernel"] < 1e-4
+               for r in rows[:2])
     assert rows[0]["full_us"] == 1.0 and "error" not in rows[1]
     assert "rel. err" in rows[2]["error"] and "full_us" not in rows[2]
     assert "heads=1" in rows[1]["full_launch"] and "splits=3" in rows[2]["full_launch"]
+    assert "early_v=1" in rows[1]["in_kernel_launch"]
     result = {"batch": batch, "context": context, "q_len": q_len, "windowed_MB": 1.0,
               "sdpa_full_us": 2.0, "sweep": rows}
     text = bench.sweep_table([result], ceiling=1000.0)
-    assert text.count("\n| ") == 4 and "| 1: ppsm=1,exact=1,heads=1 | 1.0 (200%) |" in text
+    assert text.count("\n| ") == 4 and "| 1: ppsm=1,exact=1,heads=1,early_v=1 | 1.0 (200%) |" in text
