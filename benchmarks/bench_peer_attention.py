@@ -31,8 +31,7 @@ as the op runs) or comma-separated ``key=value`` overrides of
 ``paged_attention_triton``'s launch knobs (``CONFIG_KEYS``: splits, bn, warps,
 stages, ppsm = the earlier split rule's programs per SM, res = resident programs
 per SM for the wave-filling split rule, min_tokens = least tokens per split,
-exact = one tile per decode token, heads = KV head as the fastest grid axis,
-early_v = V loaded with K). Every candidate is first checked against the torch
+exact = one tile per decode token, heads = KV head as the fastest grid axis). Every candidate is first checked against the torch
 reference (``paged_attention_ref``, fp32) on the full table, the windowed table and
 the full table with the in-kernel window; one that misses (rel. err > 1e-2) or
 fails is reported and not timed. List ``default`` twice to see the run's spread.
@@ -54,8 +53,8 @@ HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIG_KEYS = {"splits": "num_splits", "bn": "block_n", "warps": "num_warps",
                "stages": "num_stages", "ppsm": "programs_per_sm", "res": "resident_per_sm",
                "min_tokens": "min_split_tokens", "exact": "exact_tiles",
-               "heads": "heads_first", "early_v": "early_v"}
-BOOL_KNOBS = ("exact_tiles", "heads_first", "early_v")
+               "heads": "heads_first"}
+BOOL_KNOBS = ("exact_tiles", "heads_first")
 MAX_REL_ERR = 1e-2
 
 
@@ -233,8 +232,7 @@ def sweep_case(configs, query, key_cache, value_cache, table_, seq_lens, qsl, sc
                 row[f"{name}_launch"] = (f"splits={cfg.num_splits} bn={cfg.block_n} "
                                          f"warps={cfg.num_warps} stages={cfg.num_stages} "
                                          f"exact={int(cfg.exact_tiles)} "
-                                         f"heads={int(cfg.heads_first)} "
-                                         f"early_v={int(cfg.early_v)}")
+                                         f"heads={int(cfg.heads_first)}")
                 err = rel_err(fn(), ref)
                 row[f"err_{name}"] = err
                 if not err <= MAX_REL_ERR:

@@ -81,7 +81,7 @@ def test_peer_sweep_checks_each_candidate_and_tabulates(q_len, monkeypatch):
     qsl = torch.arange(batch + 1, dtype=torch.int32) * q_len
     query = torch.randn(batch * q_len, 8, 16, generator=gen)
     start = (context - window) // bench.BLOCK * bench.BLOCK
-    configs = bench.parse_configs("default;ppsm=1,exact=1,heads=1,early_v=1;splits=3,bn=16")
+    configs = bench.parse_configs("default;ppsm=1,exact=1,heads=1;splits=3,bn=16")
     original = bench.rel_err
     calls = []
 
@@ -97,8 +97,8 @@ def test_peer_sweep_checks_each_candidate_and_tabulates(q_len, monkeypatch):
     assert rows[0]["full_us"] == 1.0 and "error" not in rows[1]
     assert "rel. err" in rows[2]["error"] and "full_us" not in rows[2]
     assert "heads=1" in rows[1]["full_launch"] and "splits=3" in rows[2]["full_launch"]
-    assert "early_v=1" in rows[1]["in_kernel_launch"]
+    assert "heads=1" in rows[1]["in_kernel_launch"]
     result = {"batch": batch, "context": context, "q_len": q_len, "windowed_MB": 1.0,
               "sdpa_full_us": 2.0, "sweep": rows}
     text = bench.sweep_table([result], ceiling=1000.0)
-    assert text.count("\n| ") == 4 and "| 1: ppsm=1,exact=1,heads=1,early_v=1 | 1.0 (200%) |" in text
+    assert text.count("\n| ") == 4 and "| 1: ppsm=1,exact=1,heads=1 | 1.0 (200%) |" in text

@@ -63,7 +63,6 @@ def test_full_table_window_matches_reference_dense_mask_and_two_launch_form(name
         _close(paged_attention_ref(*args, **window_args), want)
         for splits in (None, 1, 3):
             _close(_triton(*args, num_splits=splits, **window_args), want)
-        _close(_triton(*args, num_splits=2, early_v=True, **window_args), want)
         if causal:  # the per-token form the window pass inserts: same values
             lens, table, offset = window.causal_window_metadata(
                 batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
@@ -127,5 +126,5 @@ def test_random_full_table_windows():
                     causal)
             want = dense_sink_attention(*args, W, K, S)
             got = _triton(*args, num_splits=rand(1, 4), window_size=W, future_offset=K,
-                          sink_size=S, early_v=bool(rand(0, 1)))
+                          sink_size=S)
             _close(got, want)

@@ -91,7 +91,7 @@ def _attend_range(
     d, d_valid, scale_log2,
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOWED: tl.constexpr, SINK_TOKENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, EARLY_V: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     """Online-softmax update of (m_i, l_i, acc) with the table tokens
     ``[n_begin, n_end)``: a query row sees token t if t <= its table position
@@ -106,9 +106,6 @@ def _attend_range(
                     + d[:, None], mask=kv_valid[None, :] & d_valid[:, None], other=0.0)
         if UPCAST_DOT:
             k = k.to(tl.float32)
-        if EARLY_V:  # V's load issued with K's, before the score dot
-            v = tl.load(v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1
-                        + d[None, :], mask=kv_valid[:, None] & d_valid[None, :], other=0.0)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2   # [M, N]
         visible = kv_valid[None, :]
         if CAUSAL:
@@ -125,9 +122,8 @@ def _attend_range(
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if not EARLY_V:
-            v = tl.load(v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1
-                        + d[None, :], mask=kv_valid[:, None] & d_valid[None, :], other=0.0)
+        v = tl.load(v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1
+                    + d[None, :], mask=kv_valid[:, None] & d_valid[None, :], other=0.0)
         if UPCAST_DOT:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -152,7 +148,6 @@ def _paged_attention_kernel(
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
     SINK_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, WINDOW_SPLITS: tl.constexpr,
-    EARLY_V: tl.constexpr,
 ):
     if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
         kv_head = tl.program_id(0)
@@ -250,12 +245,12 @@ def _paged_attention_kernel(
             q, q_pos, lo, m_i, l_i, acc, sink_begin, sink_end,
             table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0,
             v_stride1, d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED,
-            SINK_TOKENS, DOT_PRECISION, UPCAST_DOT, EARLY_V)
+            SINK_TOKENS, DOT_PRECISION, UPCAST_DOT)
     m_i, l_i, acc = _attend_range(
         q, q_pos, lo, m_i, l_i, acc, split_begin, split_end,
         table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0, v_stride1,
         d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED, SINK_TOKENS,
-        DOT_PRECISION, UPCAST_DOT, EARLY_V)
+        DOT_PRECISION, UPCAST_DOT)
 
     empty = l_i == 0.0
     result = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -304,8 +299,6 @@ class LaunchConfig:
     the grid has ``T`` tiles instead of the upper bound ``T // block_q + R``.
     ``heads_first``: the KV head is the grid's fastest axis (all KV heads of a
     tile and split are scheduled side by side) instead of the query tile.
-    ``early_v``: each KV tile's V load is issued together with its K load,
-    before the score dot, instead of after the softmax.
     """
 
     block_q: int
@@ -317,7 +310,6 @@ class LaunchConfig:
     num_stages: int
     exact_tiles: bool = False
     heads_first: bool = False
-    early_v: bool = False
 
     def grid(self, num_tokens: int, num_reqs: int, num_kv_heads: int) -> tuple[int, int, int]:
         tiles = num_tokens if self.exact_tiles else num_tokens // self.block_q + num_reqs
@@ -368,7 +360,7 @@ SHORT_TABLE_TOKENS = 8192  # measured at 2064 (short) and 131072 (long) tokens o
 # override; None keeps the heuristic's choice. ``programs_per_sm`` selects the
 # earlier split rule (ceil(programs_per_sm x SMs / programs), 16 before tuning).
 LAUNCH_KNOBS = ("num_splits", "block_n", "num_warps", "num_stages", "programs_per_sm",
-                "resident_per_sm", "min_split_tokens", "exact_tiles", "heads_first", "early_v")
+                "resident_per_sm", "min_split_tokens", "exact_tiles", "heads_first")
 DEFAULT_MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 512
 MIN_WAVE_FILL = 0.9
@@ -416,8 +408,7 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                   resident_per_sm: Optional[int] = None,
                   min_split_tokens: Optional[int] = None, exact_tiles: Optional[bool] = None,
                   heads_first: Optional[bool] = None,
-                  window_tokens: Optional[int] = None,
-                  early_v: Optional[bool] = None) -> LaunchConfig:
+                  window_tokens: Optional[int] = None) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
     Tiles: ``DECODE_TILES`` when a query tile has at most 16 rows, else
@@ -463,8 +454,7 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                         num_warps or tiles.num_warps,
                         num_stages or (tiles.num_stages if on_gpu else 1),
                         exact_tiles=exact,
-                        heads_first=heads and grid_tiles <= 65535,  # grid y limit
-                        early_v=bool(early_v))
+                        heads_first=heads and grid_tiles <= 65535)  # grid y limit
 
 
 def paged_attention_triton(
@@ -548,7 +538,7 @@ def paged_attention_triton(
         WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
         SINK_TOKENS=sink_tokens(sink_size, block_size),
         DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), EXACT_TILES=cfg.exact_tiles,
-        HEADS_FIRST=cfg.heads_first, WINDOW_SPLITS=window_splits, EARLY_V=cfg.early_v,
+        HEADS_FIRST=cfg.heads_first, WINDOW_SPLITS=window_splits,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
