@@ -37,3 +37,30 @@ def dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
         probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
         out[locs[i]:locs[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v)
     return out
+
+
+def random_window_cases(seed, count, block_sizes, max_window, max_sinks, max_seq, max_q,
+                        device):
+    """Seeded random ``(batch, query, key_cache, value_cache, W, b, K, S, rand)`` cases
+    (lengths, GQA, window, sinks); batches with no query token are skipped. ``rand(lo,
+    hi)`` draws further ints from the same generator (e.g. a split count)."""
+    from dspark_compile.models import make_paged_batch, random_kv_cache
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    for _ in range(count):
+        b = block_sizes[rand(0, len(block_sizes) - 1)]
+        W = rand(2, max_window)
+        K, S = rand(0, min(W - 1, 3)), rand(0, max_sinks)
+        hkv, group = rand(1, 2), rand(1, 4)
+        seq_lens = [rand(0, max_seq) for _ in range(rand(1, 4))]
+        q_lens = [rand(0, min(s, max_q)) for s in seq_lens]
+        batch = make_paged_batch(seq_lens, q_lens, b, device=device, generator=gen)
+        if batch.num_tokens == 0:
+            continue
+        kc, vc = random_kv_cache(batch.num_blocks, b, hkv, 16, device=device, generator=gen)
+        q = torch.randn(batch.num_tokens, hkv * group, 16, generator=gen).to(device)
+        yield batch, q, kc, vc, W, b, K, S, rand

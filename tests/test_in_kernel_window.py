@@ -18,7 +18,7 @@ from dspark_compile.arithmetic import window
 from dspark_compile.kernels.paged_attention import paged_attention_ref
 from dspark_compile.kernels.paged_attention_triton import choose_launch, paged_attention_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
-from tests.dense_sink_oracle import dense_sink_attention
+from tests.dense_sink_oracle import dense_sink_attention, random_window_cases
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -104,23 +104,9 @@ def test_a_query_tile_reads_at_most_the_window_span(W, b, K, block_q, p0, causal
 
 
 def test_random_full_table_windows():
-    gen = torch.Generator().manual_seed(5)
-
-    def rand(lo, hi):
-        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-
-    for _ in range(5):
-        b = [1, 4, 8, 16][rand(0, 3)]
-        W = rand(2, 50)
-        K, S = rand(0, min(W - 1, 3)), rand(0, 30)
-        hkv, group = rand(1, 2), rand(1, 4)
-        seq_lens = [rand(0, 200) for _ in range(rand(1, 4))]
-        q_lens = [rand(0, min(s, 10)) for s in seq_lens]
-        batch = make_paged_batch(seq_lens, q_lens, b, device=DEVICE, generator=gen)
-        if batch.num_tokens == 0:
-            continue
-        kc, vc = random_kv_cache(batch.num_blocks, b, hkv, 16, device=DEVICE, generator=gen)
-        q = torch.randn(batch.num_tokens, hkv * group, 16, generator=gen).to(DEVICE)
+    for batch, q, kc, vc, W, b, K, S, rand in random_window_cases(
+            5, 5, [1, 4, 8, 16], max_window=50, max_sinks=30, max_seq=200, max_q=10,
+            device=DEVICE):
         for causal in (True, False):
             args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3,
                     causal)

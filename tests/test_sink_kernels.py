@@ -20,7 +20,7 @@ from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
 from dspark_compile.runtime import SlidingWindowAdapter
-from tests.dense_sink_oracle import dense_sink_attention
+from tests.dense_sink_oracle import dense_sink_attention, random_window_cases
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -146,24 +146,9 @@ def test_decode_launches_with_sinks(launch):
 def test_random_cases_against_the_reference():
     """Seeded random shapes (b, W, K, S, lengths, GQA): the causal per-token form,
     and non-causal blocks on the per-request table with ``kv_offset``."""
-    gen = torch.Generator().manual_seed(13)
-
-    def rand(lo, hi):
-        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-
-    for _ in range(6):
-        b = [1, 2, 4, 8, 16][rand(0, 4)]
-        W = rand(2, 40)
-        K = rand(0, min(W - 1, 3))
-        S = rand(0, 40)
-        hkv, group = rand(1, 2), rand(1, 4)
-        seq_lens = [rand(0, 120) for _ in range(rand(1, 4))]
-        q_lens = [rand(0, min(s, 12)) for s in seq_lens]
-        batch = make_paged_batch(seq_lens, q_lens, b, device=DEVICE, generator=gen)
-        if batch.num_tokens == 0:
-            continue
-        kc, vc = random_kv_cache(batch.num_blocks, b, hkv, 16, device=DEVICE, generator=gen)
-        q = torch.randn(batch.num_tokens, hkv * group, 16, generator=gen).to(DEVICE)
+    for batch, q, kc, vc, W, b, K, S, rand in random_window_cases(
+            13, 6, [1, 2, 4, 8, 16], max_window=40, max_sinks=40, max_seq=120, max_q=12,
+            device=DEVICE):
         lens, table, offset = window.causal_window_metadata(
             batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
             max_query_len=batch.num_tokens, sink_size=S)
