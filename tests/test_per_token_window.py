@@ -20,7 +20,7 @@ from dspark_compile.kernels.paged_attention import paged_attention_ref
 from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
 from dspark_compile.passes.graph_utils import get_arg
-from tests.draft_cases import make_draft_case
+from tests.draft_cases import cuda_args, make_draft_case, post_pass_graph
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -348,29 +348,6 @@ def test_per_request_window_loses_keys_that_the_per_token_window_keeps():
     _check_sees_something(new, batch)
 
 
-def _post_pass_graph(case, options, dynamic=False):
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    from dspark_compile.backend import build_passes
-    from dspark_compile.passes import PassManager
-
-    manager = PassManager(build_passes(dspark_compile.DraftWindowConfig(**options), "none"))
-    seen = {}
-
-    def fw(gm, _):
-        manager(gm.graph)
-        gm.recompile()
-        seen["graph"] = gm.graph
-        return make_boxed_func(gm)
-
-    torch._dynamo.reset()
-    compiled = torch.compile(case.model, backend=aot_autograd(fw_compiler=fw), dynamic=dynamic)
-    with torch.no_grad():
-        compiled(*case.args(*case.clone_caches()))
-    return seen["graph"]
-
-
 def test_pass_rewires_causal_and_non_causal_calls_differently():
     """Causal: table of max_window_blocks(W, b, T) columns plus kv_offset/W/K.
     Non-causal: today's per-request window, no window arguments."""
@@ -378,7 +355,7 @@ def test_pass_rewires_causal_and_non_causal_calls_differently():
     options = dict(draft_window_size=W, method="eagle3", num_speculative_tokens=nst)
     for causal in (True, False):
         case = make_draft_case([45, 12, 30], [5, 1, 7], causal=causal, num_layers=2)
-        graph = _post_pass_graph(case, options)
+        graph = post_pass_graph(case, options)
         calls = [n for n in graph.nodes if n.target == torch.ops.dspark.paged_attention.default]
         assert len(calls) == 2
         for call in calls:
@@ -470,10 +447,7 @@ def test_compiled_causal_draft_on_cuda_matches_the_dense_mask():
     case = make_draft_case([300, 70, 9], [120, 1, 9], causal=True, seed=1)
     W = 32
     want = _eager(case, W, 0)
-    b = case.batch
-    args = (case.hidden.cuda(), b.positions.cuda(), [k.cuda() for k in case.key_caches],
-            [v.cuda() for v in case.value_caches], b.block_table.cuda(), b.seq_lens.cuda(),
-            b.query_start_loc.cuda(), b.slot_mapping.cuda())
+    args = cuda_args(case)
     torch._dynamo.reset()
     compiled = torch.compile(case.model.cuda(), backend="dspark", dynamic=False,
                              options={"draft_window_size": W, "method": "dflash"})

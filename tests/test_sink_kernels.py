@@ -343,7 +343,7 @@ def test_compiled_causal_draft_with_sinks_on_cuda_matches_the_dense_mask(sink_si
     if not _pass_forwards_sinks():
         pytest.skip("this tree's window pass does not forward draft_sink_size to per-token "
                     "calls yet (PerTokenWindowArgs has no sink_size)")
-    from tests.draft_cases import make_draft_case
+    from tests.draft_cases import cuda_args, make_draft_case
 
     case = make_draft_case([300, 70, 9], [120, 1, 9], causal=True, seed=1)
     W = 32
@@ -361,10 +361,7 @@ def test_compiled_causal_draft_with_sinks_on_cuda_matches_the_dense_mask(sink_si
             want = case.model(*case.args(keys, values))
     finally:
         case.model.attention_override = None
-    b = case.batch
-    args = (case.hidden.cuda(), b.positions.cuda(), [k.cuda() for k in case.key_caches],
-            [v.cuda() for v in case.value_caches], b.block_table.cuda(), b.seq_lens.cuda(),
-            b.query_start_loc.cuda(), b.slot_mapping.cuda())
+    args = cuda_args(case)
     torch._dynamo.reset()
     compiled = torch.compile(case.model.cuda(), backend="dspark", dynamic=False,
                              options={"draft_window_size": W, "method": "dflash",

@@ -22,7 +22,7 @@ from dspark_compile.passes.attention_registry import (
 from dspark_compile.passes.draft_window import DraftWindowPass
 from dspark_compile.passes.graph_utils import get_arg
 from tests.dense_sink_oracle import dense_sink_attention
-from tests.draft_cases import make_draft_case, run_eager_reference
+from tests.draft_cases import make_draft_case, post_pass_graph, run_eager_reference
 
 B = 4  # the draft cases' KV block size
 
@@ -105,29 +105,6 @@ def test_compiled_draft_with_sinks_equals_the_dense_mask(lowering, name, seq_len
     assert record.stats["with_sinks"] == 3 and record.stats["window_computations"] == 1
 
 
-def _post_pass_graph(case, options):
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    from dspark_compile.backend import build_passes
-    from dspark_compile.passes import PassManager
-
-    manager = PassManager(build_passes(DraftWindowConfig(**options), "none"))
-    seen = {}
-
-    def fw(gm, _):
-        manager(gm.graph)
-        gm.recompile()
-        seen["graph"] = gm.graph
-        return make_boxed_func(gm)
-
-    torch._dynamo.reset()
-    compiled = torch.compile(case.model, backend=aot_autograd(fw_compiler=fw), dynamic=False)
-    with torch.no_grad():
-        compiled(*case.args(*case.clone_caches()))
-    return seen["graph"]
-
-
 def _ops(graph):
     """The post-pass graph as (op, target, args with nodes replaced by their names)."""
     def show(args):
@@ -142,14 +119,14 @@ def test_sink_size_zero_is_todays_graph(causal):
     table by ceil(S / b) columns and gives per-token calls sink_size=S."""
     case = make_draft_case([45, 12, 30], [5, 1, 7], causal=causal, num_layers=2)
     base = dict(draft_window_size=12, method="eagle3", num_speculative_tokens=2)
-    without = _post_pass_graph(case, base)
-    with_zero = _post_pass_graph(case, {**base, "draft_sink_size": 0})
+    without = post_pass_graph(case, base)
+    with_zero = post_pass_graph(case, {**base, "draft_sink_size": 0})
     assert _ops(with_zero) == _ops(without)
     for call in (n for n in with_zero.nodes
                  if n.target == torch.ops.dspark.paged_attention.default):
         assert get_arg(call, 11, "sink_size") in (None, 0)
 
-    sinks = _post_pass_graph(case, {**base, "draft_sink_size": 6})
+    sinks = post_pass_graph(case, {**base, "draft_sink_size": 6})
     calls = [n for n in sinks.nodes if n.target == torch.ops.dspark.paged_attention.default]
     assert len(calls) == 2
     for call in calls:

@@ -74,14 +74,18 @@ def test_draft_queries_longer_than_the_window_ran(engine):
         assert engine["workers"][0]["calls"][name]["max_query_len"] > window - NUM_SPEC
 
 
-def test_self_draft_wide_window_accepts_exactly_what_no_window_accepts(engines):
-    off, wide = engines["self_off"], engines["self_wide"]
+def _assert_drafts_exactly_like(off, wide):
+    """Both engines ran, and ``wide`` accepted and drafted exactly what ``off`` did."""
     for report in (off, wide):
         assert "error" not in report, report.get("error")
     assert accepted(off) > 0
     assert accepted(wide) == accepted(off)
     assert (wide["metrics"]["vllm:spec_decode_num_drafts"]
             == off["metrics"]["vllm:spec_decode_num_drafts"])
+
+
+def test_self_draft_wide_window_accepts_exactly_what_no_window_accepts(engines):
+    _assert_drafts_exactly_like(engines["self_off"], engines["self_wide"])
 
 
 def test_self_draft_narrow_window_on_long_prompts_accepts_fewer(engines):
@@ -129,10 +133,4 @@ def test_sinks_draft_prefill_longer_than_the_window_was_expanded(engine):
 def test_self_draft_wide_window_with_sinks_accepts_exactly_what_no_window_accepts(engines):
     """W = 2048 > max_model_len: the window + sinks hides nothing, so the self-draft
     through the per-token expansion must draft exactly what it drafts unwindowed."""
-    off, wide = engines["self_off"], engines["self_wide_sinks"]
-    for report in (off, wide):
-        assert "error" not in report, report.get("error")
-    assert accepted(off) > 0
-    assert accepted(wide) == accepted(off)
-    assert (wide["metrics"]["vllm:spec_decode_num_drafts"]
-            == off["metrics"]["vllm:spec_decode_num_drafts"])
+    _assert_drafts_exactly_like(engines["self_off"], engines["self_wide_sinks"])
