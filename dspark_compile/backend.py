@@ -45,6 +45,19 @@ def graph_hook(hook: GraphHook):
         _GRAPH_HOOK.reset(token)
 
 
+@contextlib.contextmanager
+def compile_caches_off():
+    """Within the block, Inductor's FX graph cache and AOTAutograd's cache are off: a
+    cache hit reuses the rewritten graph without running our passes, so nothing would
+    be recorded (``pass_records``, ``graph_hook``)."""
+    with contextlib.ExitStack() as stack:
+        for config, key in ((torch._inductor.config, "fx_graph_cache"),
+                            (torch._functorch.config, "enable_autograd_cache")):
+            if hasattr(config, key):
+                stack.enter_context(config.patch({key: False}))
+        yield
+
+
 def build_passes(config: DraftWindowConfig, decompositions: str) -> list[GraphPass]:
     """Our passes for ``config``, in the order they run."""
     passes: list[GraphPass] = [DraftWindowPass(config, decompositions=decompositions)]

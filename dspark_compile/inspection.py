@@ -12,7 +12,6 @@ the inserted ops' torchair-GE convertibility and the generated kernels' names.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -114,7 +113,8 @@ def inspect(fn: Optional[Callable[..., Any]] = None, *example_inputs: Any,
     on ``example_inputs``. ``dump_dir`` must be new or empty unless ``overwrite``,
     which first deletes earlier dump files there (only depyf's and ours).
     """
-    from dspark_compile.backend import dspark_backend, graph_hook, parse_options
+    from dspark_compile.backend import (compile_caches_off, dspark_backend, graph_hook,
+                                        parse_options)
     from dspark_compile.integrations.depyf_dump import depyf_debug
 
     if fn is None:
@@ -129,7 +129,7 @@ def inspect(fn: Optional[Callable[..., Any]] = None, *example_inputs: Any,
 
     recorder = _PassRecorder()
     backend = functools.partial(dspark_backend, options=options)
-    with _caches_off(), depyf_debug(str(dump)), graph_hook(recorder), torch.no_grad():
+    with compile_caches_off(), depyf_debug(str(dump)), graph_hook(recorder), torch.no_grad():
         compiled = torch.compile(fn, backend=backend, dynamic=False)
         compiled(*example_inputs)
 
@@ -143,17 +143,6 @@ def inspect(fn: Optional[Callable[..., Any]] = None, *example_inputs: Any,
     logger.info("inspection of %s written to %s", getattr(fn, "__name__", type(fn).__name__),
                 dump)
     return report
-
-
-@contextlib.contextmanager
-def _caches_off():
-    """Inductor's FX graph cache and AOTAutograd's cache off: a cache hit skips our passes."""
-    with contextlib.ExitStack() as stack:
-        for config, key in ((torch._inductor.config, "fx_graph_cache"),
-                            (torch._functorch.config, "enable_autograd_cache")):
-            if hasattr(config, key):
-                stack.enter_context(config.patch({key: False}))
-        yield
 
 
 def _prepare_dump_dir(dump: Path, overwrite: bool) -> Path:

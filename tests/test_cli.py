@@ -102,6 +102,25 @@ def test_demo_prints_the_table_and_succeeds(capsys):
     assert "demo [" in captured.err  # progress
 
 
+def test_demo_counts_the_rewrites_also_when_inductor_caches_hit(tmp_path):
+    """A second demo process finds the compiled graphs in Inductor's on-disk caches
+    (same cache directory); it must still run the passes and report their rewrites."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("from dspark_compile.demo import run_demo\n"
+              "[row] = run_demo(context_lens=(80,), window_size=32, num_requests=2, repeats=1)\n"
+              "print(row.rewritten_calls, row.window_computations)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=600, check=True)
+        assert done.stdout.split() == ["4", "1"], done.stdout + done.stderr
+
+
 def test_inspect_command_writes_the_dump(tmp_path, capsys):
     dump = tmp_path / "dump"
     assert cli.main(["inspect", "--dump-dir", str(dump), "--lowering", "aot_eager",
