@@ -15,8 +15,8 @@ that orders by value, then by lower index. The row's last program to finish
 (an ``atomic_add`` counter, acquire-release) decodes the winner and writes the
 token, which is the next step's ``prev``: one launch per step besides the
 head. No host synchronisation: the whole draft block captures as one CUDA
-graph. Logits must not hold NaN
-(``torch.argmax`` would pick the NaN; this kernel does not).
+graph. Logits must not hold NaN (``torch.argmax`` would pick the NaN; this
+kernel does not).
 """
 
 from __future__ import annotations
