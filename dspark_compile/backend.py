@@ -128,3 +128,16 @@ def _compile_aot_eager(gm, example_inputs, config: DraftWindowConfig):
 
     return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
                         keep_inference_input_mutations=True)(gm, example_inputs)
+
+
+def register_backend_name() -> None:
+    """Make ``backend="dspark"`` resolve when the package was never pip-installed
+    (a source checkout on ``PYTHONPATH`` has no ``torch_dynamo_backends`` entry
+    point); an installed package's entry point is left as it is. Runs on import."""
+    from torch._dynamo.backends.registry import list_backends, register_backend
+
+    if "dspark" not in list_backends(exclude_tags=()):
+        register_backend(name="dspark")(dspark_backend)
+
+
+register_backend_name()

@@ -10,19 +10,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _register_backend_from_a_source_checkout() -> None:
-    """``backend="dspark"`` is found through the package's entry point; from a
-    source checkout that was never pip-installed (PYTHONPATH only) there is
-    none, so register the same function under the same name."""
-    from torch._dynamo.backends.registry import list_backends, register_backend
-
-    if "dspark" not in list_backends(exclude_tags=()):
-        from dspark_compile.backend import dspark_backend
-
-        register_backend(name="dspark")(dspark_backend)
-
-
-_register_backend_from_a_source_checkout()
+import dspark_compile.backend  # noqa: E402,F401  (registers backend="dspark", also uninstalled)
 
 
 @pytest.fixture(autouse=True)

@@ -117,8 +117,9 @@ def test_demo_counts_the_rewrites_also_when_inductor_caches_hit(tmp_path):
            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                              text=True, timeout=600, check=True)
-        assert done.stdout.split() == ["4", "1"], done.stdout + done.stderr
+                              text=True, timeout=600)
+        assert done.returncode == 0 and done.stdout.split() == ["4", "1"], \
+            done.stdout + done.stderr[-3000:]
 
 
 def test_inspect_command_writes_the_dump(tmp_path, capsys):
