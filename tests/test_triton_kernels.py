@@ -100,19 +100,25 @@ def _launch(cfg):
 
 
 def test_default_launches_are_the_measured_ones():
-    """The H200 launches behind benchmarks/results/2026-11-30-h200-peer-attention-tuning.md
+    """The H200 launches behind benchmarks/results/2026-11-30-h200-pipelined-launches.md
     (Hq 32 / Hkv 8, b=16, W=2048 -> 129-block windowed tables, 132 SMs)."""
     gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
     win = max_window_blocks(2048, 16)
-    decode = (1, 128, 4, 3, True, True)
-    for width in (2048, 8192, win):                  # batch 32 decode: 32k, 128k, window
-        assert _launch(choose_launch(32, 32, 8, 4, width, 16, gpu, num_sms=132)) == decode
-    assert _launch(choose_launch(1, 1, 8, 4, 2048, 16, gpu, num_sms=132)) == (32,) + decode[1:]
-    assert _launch(choose_launch(1, 1, 8, 4, win, 16, gpu, num_sms=132)) == (9,) + decode[1:]
-    blocks = choose_launch(512, 32, 8, 4, 8192, 16, gpu, num_sms=132)   # 16-token blocks
-    assert _launch(blocks) == (3, 32, 4, 4, False, False) and blocks.block_m == 64
-    assert _launch(choose_launch(512, 32, 8, 4, win, 16, gpu, num_sms=132)) == \
-        (1, 64, 4, 3, False, False)
+    long_decode = (1, 128, 4, 5, True, True)         # pipelined, 1 program per SM
+    short_decode = (1, 128, 4, 3, True, True)        # 2 programs per SM
+    for width in (2048, 8192):                       # batch 32 decode: 32k, 128k
+        assert _launch(choose_launch(32, 32, 8, 4, width, 16, gpu, num_sms=132)) == long_decode
+    assert _launch(choose_launch(32, 32, 8, 4, win, 16, gpu, num_sms=132)) == short_decode
+    in_kernel = choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, window_tokens=2048)
+    assert _launch(in_kernel) == short_decode        # the window's span decides, not the table
+    assert _launch(choose_launch(1, 1, 8, 4, 2048, 16, gpu, num_sms=132)) == \
+        (15,) + long_decode[1:]
+    assert _launch(choose_launch(1, 1, 8, 4, win, 16, gpu, num_sms=132)) == \
+        (9,) + short_decode[1:]
+    blocks = (1, 64, 4, 5, False, False)             # 16-token blocks, pipelined
+    for width in (8192, win):                        # 128k and the window
+        launch = choose_launch(512, 32, 8, 4, width, 16, gpu, num_sms=132)
+        assert _launch(launch) == blocks and launch.block_m == 64
     # the earlier default, as a sweep's baseline
     old = choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
                         block_n=64, num_stages=3, exact_tiles=False, heads_first=False)

@@ -336,26 +336,28 @@ class TileDefaults:
 
 
 # Measured on the H200, torch 2.11 / triton 3.6, Hq 32 / Hkv 8, D 128, bf16, b=16
-# (benchmarks/results/2026-11-30-h200-peer-attention-tuning.md): each is the best
-# launch measured for its kind of tile that beat the earlier default (BLOCK_N 64,
-# 3 stages, 16 programs per SM) on every case it applies to.
-# Decode-sized tiles (block_m <= 16: one query x the GQA group): 188 registers (72
-# KiB of shared memory) -> 2 programs per SM; batch 32 decode runs 1 split (no
-# combine kernel).
-DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=3, resident_per_sm=2,
+# (benchmarks/results/2026-11-30-h200-peer-attention-tuning.md and
+# 2026-11-30-h200-pipelined-launches.md). The KV loop loads block-table entries and
+# then gathers K/V rows with them; triton 3.6 overlaps those gathers with the dots
+# only from num_stages=5 on (below that the loop waits for every copy it has issued
+# before each tile: `cp.async.wait_group 0`), so the long-table launches use 5.
+# Decode-sized tiles (block_m <= 16: one query x the GQA group) over long tables:
+# BLOCK_N 128 pipelined (188 registers, 137 KiB of shared memory -> 1 program per SM).
+DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=5, resident_per_sm=1,
                             exact_tiles=True, heads_first=True)
-# Query blocks (block_m >= 32, e.g. 16 non-causal queries x GQA 4 = 64 rows) over
-# long tables: 165 registers (48 KiB of shared memory) -> 3 programs per SM
-# (batch 32 at 128k: 3 splits).
-BLOCK_TILES = TileDefaults(block_n=32, num_warps=4, num_stages=4, resident_per_sm=3,
+# Decode tiles over short tables (<= SHORT_TABLE_TOKENS, e.g. a 2048-token draft
+# window): 2 resident programs (188 registers, 72 KiB) beat the pipelined launch
+# there (80 vs 84 us at batch 32): one wave of 256 short programs, each ramping up
+# once. Batch 32 decode runs 1 split (no combine kernel).
+SHORT_DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=3, resident_per_sm=2,
+                                  exact_tiles=True, heads_first=True)
+# Query blocks (block_m >= 32, e.g. 16 non-causal queries x GQA 4 = 64 rows), any
+# table length: BLOCK_N 64 pipelined (221 registers, 113 KiB -> 2 per SM; batch 32
+# at 128k and over a 2048-token window: 1 split).
+BLOCK_TILES = TileDefaults(block_n=64, num_warps=4, num_stages=5, resident_per_sm=2,
                            exact_tiles=False, heads_first=False)
-# Query blocks over short tables (<= SHORT_TABLE_TOKENS, e.g. a draft window of
-# 2048 tokens): fewer, longer programs (182-210 registers, 80 KiB of shared memory
-# -> 2 per SM; batch 32 runs 1 split) beat more splits, whose per-program cost
-# dominates there.
-SHORT_BLOCK_TILES = TileDefaults(block_n=64, num_warps=4, num_stages=3, resident_per_sm=2,
-                                 exact_tiles=False, heads_first=False)
-SHORT_TABLE_TOKENS = 8192  # measured at 2064 (short) and 131072 (long) tokens only
+SHORT_BLOCK_TILES = BLOCK_TILES
+SHORT_TABLE_TOKENS = 8192  # measured at 2064 (short) and 32768 / 131072 (long) tokens only
 # Launch knobs a caller (tests, benchmarks/bench_peer_attention.py --configs) may
 # override; None keeps the heuristic's choice. ``programs_per_sm`` selects the
 # earlier split rule (ceil(programs_per_sm x SMs / programs), 16 before tuning).
@@ -411,9 +413,9 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                   window_tokens: Optional[int] = None) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
-    Tiles: ``DECODE_TILES`` when a query tile has at most 16 rows, else
-    ``SHORT_BLOCK_TILES`` for tables of at most ``SHORT_TABLE_TOKENS`` tokens and
-    ``BLOCK_TILES`` for longer ones (each knob given here overrides its default). Splits
+    Tiles: decode tiles when a query tile has at most 16 rows, else block tiles;
+    ``SHORT_*`` for at most ``SHORT_TABLE_TOKENS`` tokens of KV per query tile
+    (each knob given here overrides its default). Splits
     (``wave_fit_splits``): the fewest that fill whole waves of
     ``resident_per_sm x SMs`` programs, each split at least ``min_split_tokens``
     (256) tokens, at most 512 splits. With ``programs_per_sm`` the earlier rule:
@@ -428,10 +430,11 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
     max_kv = max(table_width * block_size, 1)
     if window_tokens is not None:  # lo(first query) .. last query + 1, block aligned
         max_kv = min(max_kv, window_tokens + block_size + block_q)
+    short = max_kv <= SHORT_TABLE_TOKENS
     if block_m <= 16:
-        tiles = DECODE_TILES
+        tiles = SHORT_DECODE_TILES if short else DECODE_TILES
     else:
-        tiles = SHORT_BLOCK_TILES if max_kv <= SHORT_TABLE_TOKENS else BLOCK_TILES
+        tiles = SHORT_BLOCK_TILES if short else BLOCK_TILES
     on_gpu = device.type == "cuda"
     block_n = block_n or (tiles.block_n if on_gpu else 16)
     if num_splits is None:
