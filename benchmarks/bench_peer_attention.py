@@ -2,6 +2,7 @@
 
     python benchmarks/bench_peer_attention.py [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
         [--window 2048] [--out DIR] [--configs "default;ppsm=4;bn=32,stages=4;..."]
+        [--flush write|read]
 
 Per case (batch x context x query tokens; Hq 32 / Hkv 8, D 128, bf16, b=16,
 all requests at the same length; decode is q_len 1, a 16-token block is a
@@ -21,7 +22,9 @@ non-causal DFlash/DSpark block):
 
 Each is checked against its partner (ours full vs SDPA, ours windowed vs Flex)
 before timing. Times: CUDA-graph replays, median of ``triton.testing.do_bench``
-(L2 flushed before every repetition). GB/s count each distinct KV byte once
+(L2 flushed before every repetition by writing 256 MB; ``--flush read`` clears it
+by reading instead, see ``graph_ms``; the run also reports an empty graph
+replay's time, the fixed cost inside every figure). GB/s count each distinct KV byte once
 (K and V of the tokens read); the windowed bound is those bytes at the SDPA-dense
 rate of the largest case.
 
@@ -62,13 +65,48 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+FLUSH = {"mode": "write"}   # set from --flush in main()
+_READ_FLUSH: list = []      # the read-flush scratch buffer, allocated once
+
+
 def graph_ms(fn) -> float:
+    """Median ms of one CUDA-graph replay of ``fn`` with L2 flushed before each.
+
+    ``--flush write`` (default): ``triton.testing.do_bench``, which flushes by
+    zeroing 256 MB, so L2 starts full of dirty lines that the timed kernel's
+    reads evict (written back to HBM inside the timed region). ``--flush read``:
+    events queued as do_bench queues them (10 warm-up replays, 60 timed), the L2
+    cleared by summing a 512 MB buffer instead (clean lines, nothing to write back).
+    """
     from triton.testing import do_bench
 
     from dspark_compile.tools.cuda_graphs import capture_cuda_graph
 
     graph, _ = capture_cuda_graph(fn)
-    return float(do_bench(graph.replay, warmup=10, rep=60, return_mode="median"))
+    if FLUSH["mode"] == "write":
+        return float(do_bench(graph.replay, warmup=10, rep=60, return_mode="median"))
+    if not _READ_FLUSH:
+        _READ_FLUSH.append(torch.randn(128 * 2 ** 20, device="cuda"))   # 512 MB
+    scratch = _READ_FLUSH[0]
+    for _ in range(10):                                        # warm-up
+        graph.replay()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(60)]
+    for start, end in events:                                  # queued like do_bench's reps
+        scratch.sum()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return float(times[len(times) // 2])
+
+
+def empty_graph_us() -> float:
+    """One replay of a graph holding a single 1-element kernel: the fixed cost
+    (graph launch, events, flush aftermath) inside every time of this run."""
+    x = torch.zeros(1, device="cuda")
+    return graph_ms(lambda: x.add_(1.0)) * 1e3
 
 
 def parse_configs(text: str) -> list[tuple[str, dict]]:
@@ -328,6 +366,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default="32x32768x1,1x32768x1,32x131072x16,32x131072x1")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--flush", choices=("write", "read"), default="write",
+                        help="L2 flush before each timed replay: 'write' = do_bench's 256 MB "
+                             "zeroing (dirty lines written back during the timed kernel), "
+                             "'read' = summing 512 MB (clean lines); see graph_ms")
     parser.add_argument("--configs", default="",
                         help="launch candidates for our kernel, ';'-separated (see the module "
                              "docstring); e.g. 'default;ppsm=4;bn=32,stages=4;default'")
@@ -343,6 +385,10 @@ def main(argv=None) -> int:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "python": platform.python_version()}
+    FLUSH["mode"] = args.flush
+    env["flush"] = args.flush
+    env["empty_graph_us"] = empty_graph_us()
+    log(f"L2 flush by {args.flush}; an empty graph replay measures {env['empty_graph_us']:.1f} us")
     results = []
     for case in args.cases.split(","):
         batch, context, q_len = (int(v) for v in case.split("x"))
@@ -352,7 +398,8 @@ def main(argv=None) -> int:
             log(f"case {case} failed: {exc!r}")
         text = (f"# Peer attention, {env['date']}, {env['device']}, torch {env['torch']}, "
                 f"triton {env['triton']}\n\nHq {HQ} / Hkv {HKV}, D {D}, bf16, b={BLOCK}, "
-                f"W={args.window}; CUDA-graph replay, L2 flushed, KV bytes counted once.\n\n"
+                f"W={args.window}; CUDA-graph replay, L2 flushed by {args.flush} (an empty "
+                f"graph replay: {env['empty_graph_us']:.1f} us), KV bytes counted once.\n\n"
                 + (table(results) if results else "no case ran\n"))
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "peer_attention.md"), "w") as handle:

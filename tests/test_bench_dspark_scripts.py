@@ -1,5 +1,5 @@
-"""benchmarks/bench_dspark_kernels.py and bench_peer_attention.py: argument parsing and
-the no-GPU exit (their measurements need a CUDA device; results are under
+"""benchmarks/bench_dspark_kernels.py, bench_peer_attention.py and profile_kernels.py:
+argument parsing and the no-GPU exit (their measurements need a CUDA device; results are under
 benchmarks/results/)."""
 
 import importlib.util
@@ -43,6 +43,23 @@ def test_markov_launches_parse():
 def test_scripts_exit_2_without_a_gpu(name, tmp_path, capsys):
     assert _load(name).main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_profile_script_checks_its_arguments_then_exits_2_without_a_gpu(capsys):
+    profile = _load("profile_kernels")
+    assert profile.main(["mla"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    for bad in (["nope"], ["mla", "--calls", "0"]):
+        with pytest.raises(SystemExit):
+            profile.main(bad)
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_peer_flush_modes_parse():
+    bench = _load("bench_peer_attention")
+    with pytest.raises(SystemExit):
+        bench.main(["--flush", "zero"])
 
 
 def test_peer_configs_parse_into_launch_knobs():
