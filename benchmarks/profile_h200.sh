@@ -2,7 +2,8 @@
 # Nsight Compute reports of our CUDA kernels at benchmark size (benchmarks/profile_kernels.py).
 # Usage: bash benchmarks/profile_h200.sh OUT_DIR [case ...]   (default: every case)
 # Per case: OUT_DIR/<case>.ncu-rep, <case>-details.txt (sections), <case>-raw.csv (all
-# metrics), <case>-sass.csv (per-instruction stall samples, where this ncu prints them).
+# metrics), <case>-sass.csv (per-instruction stall samples, where this ncu prints them);
+# everything also packed as OUT_DIR.tgz (one file to fetch from a lent machine).
 set -uo pipefail
 out="${1:?usage: profile_h200.sh OUT_DIR [case ...]}"
 shift
@@ -30,3 +31,5 @@ for case in "${cases[@]}"; do
   grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued Instruction|Issue Slots Busy|Dynamic Shared Memory Per Block|L2 Hit Rate|Executed Ipc Active)" \
     "$out/$case-details.txt" | sed 's/^ */  /'
 done
+tar czf "${out%/}.tgz" -C "$(dirname "${out%/}")" "$(basename "${out%/}")"
+echo "[$(date -u +%H:%M:%S)] reports packed in ${out%/}.tgz"
