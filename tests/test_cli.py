@@ -163,3 +163,31 @@ def test_demo_and_inspect_with_attention_sinks(tmp_path, capsys):
     assert "every inserted op is convertible by torchair's GE graph mode" in summary
     assert cli.main(["check-ascend", "--inserted-only", "--window", "16",
                      "--draft-sink-size", "20"]) == 0
+
+
+def test_backend_name_resolves_without_an_installed_entry_point():
+    """A source checkout that was never pip-installed has no entry point: importing
+    the package must still make ``backend="dspark"`` resolve (to our backend)."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import importlib.metadata as metadata\n"
+              "entry_points = metadata.entry_points\n"
+              "def hidden(**kw):\n"
+              "    if kw.get('group') == 'torch_dynamo_backends':\n"
+              "        return metadata.EntryPoints(())\n"
+              "    return entry_points(**kw)\n"
+              "metadata.entry_points = hidden\n"
+              "import torch\n"
+              "import dspark_compile\n"
+              "from torch._dynamo.backends.registry import lookup_backend\n"
+              "assert lookup_backend('dspark') is dspark_compile.dspark_backend\n"
+              "f = torch.compile(lambda x: x * 2 + 1, backend='dspark')\n"
+              "print(f(torch.ones(3)).tolist())\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "[3.0, 3.0, 3.0]", done.stdout
