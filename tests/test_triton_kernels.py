@@ -128,6 +128,47 @@ def test_default_launches_are_the_measured_ones():
                          block_n=64).num_splits == 9
 
 
+def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
+    """A GPU with less shared memory than a default launch needs (the long-table
+    launches take 113-137 KiB; many GPUs allow ~100 KiB per block): the op retries
+    with fewer stages, then a smaller KV tile, gives the same result, and goes
+    straight to the shape that fit on the next call."""
+    import triton
+
+    from dspark_compile.kernels import paged_attention_triton as pat
+
+    batch, q, kc, vc = _batch([37, 9, 64], [1, 1, 1], 4, 8, 2, 16, torch.float32, 3)
+    args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.25, True)
+    want = paged_attention_ref(*args)
+    real_launch, tried = pat._launch, []
+
+    def small_gpu(cfg, *rest):
+        tried.append((cfg.block_n, cfg.num_stages))
+        if cfg.block_n * cfg.num_stages > 32:          # "needs too much shared memory"
+            raise triton.runtime.errors.OutOfResources(cfg.num_stages * 1000, 1000,
+                                                       "shared memory")
+        return real_launch(cfg, *rest)
+
+    monkeypatch.setattr(pat, "_launch", small_gpu)
+    monkeypatch.setattr(pat, "_FITTED_SHAPES", {})
+    _assert_close(_run(*args, block_n=16, num_stages=5), want, torch.float32)
+    assert tried == [(16, 5), (16, 4), (16, 3), (16, 2)]
+    tried.clear()
+    _assert_close(_run(*args, block_n=16, num_stages=5), want, torch.float32)
+    assert tried == [(16, 2)]                          # remembered for this shape
+    tried.clear()
+
+    def nothing_fits(cfg, *rest):
+        tried.append((cfg.block_n, cfg.num_stages))
+        raise triton.runtime.errors.OutOfResources(1, 0, "shared memory")
+
+    monkeypatch.setattr(pat, "_launch", nothing_fits)
+    with pytest.raises(triton.runtime.errors.OutOfResources):
+        _run(*args, block_n=32, num_stages=2)
+    assert tried == [(32, 2), (32, 1), (16, 2), (16, 1)]
+    assert pat.smaller_tile(16, 1) is None
+
+
 def test_launch_knobs_shape_the_grid():
     gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
     decode = choose_launch(32, 32, 8, 4, 129, 16, gpu, num_sms=132, exact_tiles=True,

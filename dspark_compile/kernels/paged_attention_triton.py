@@ -488,7 +488,10 @@ def paged_attention_triton(
     ``num_splits``/``block_n``/``num_warps``/``num_stages`` and the other
     ``LAUNCH_KNOBS`` (keyword only: ``programs_per_sm``, ``min_split_tokens``,
     ``exact_tiles``, ``heads_first``) override the launch heuristics (tests,
-    tuning); the result does not depend on them beyond float rounding.
+    tuning); the result does not depend on them beyond float rounding. A launch
+    that needs more shared memory or registers than the GPU has is retried with
+    fewer stages, then a smaller KV tile (``smaller_tile``; logged, and remembered
+    for that shape in this process).
     """
     unknown = sorted(set(launch) - set(LAUNCH_KNOBS))
     if unknown:
@@ -512,9 +515,58 @@ def paged_attention_triton(
     if block_table.shape[1] == 0:  # no KV anywhere: every query sees nothing
         return out.zero_()
     window_splits = window_size is not None and kv_offset is None
-    cfg = choose_launch(num_tokens, num_reqs, num_kv_heads, group, block_table.shape[1],
-                        block_size, query.device, num_splits, block_n, num_warps, num_stages,
-                        window_tokens=window_size if window_splits else None, **launch)
+
+    def launch_for(tile_n, stages):
+        return choose_launch(num_tokens, num_reqs, num_kv_heads, group, block_table.shape[1],
+                             block_size, query.device, num_splits, tile_n, num_warps, stages,
+                             window_tokens=window_size if window_splits else None, **launch)
+
+    cfg = launch_for(block_n, num_stages)
+    fit_key = (query.device, query.dtype, head_dim, cfg.block_m, cfg.num_warps, cfg.block_n,
+               cfg.num_stages)
+    if fit_key in _FITTED_SHAPES:    # this shape ran out of resources here before
+        cfg = launch_for(*_FITTED_SHAPES[fit_key])
+    while True:
+        try:
+            _launch(cfg, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+                    scale, causal, out, kv_offset, window_size, future_offset, sink_size,
+                    window_splits)
+            return out
+        except triton.runtime.errors.OutOfResources as exc:
+            smaller = smaller_tile(cfg.block_n, cfg.num_stages)
+            if smaller is None:
+                raise
+            logger.info("paged attention: BLOCK_N %d with %d stages does not fit this GPU "
+                        "(%s); trying BLOCK_N %d with %d stages", cfg.block_n, cfg.num_stages,
+                        exc, *smaller)
+            _FITTED_SHAPES[fit_key] = smaller
+            cfg = launch_for(*smaller)
+
+
+# (device, dtype, head_dim, block_m, num_warps, block_n, num_stages) of a launch that ran
+# out of shared memory or registers -> the (block_n, num_stages) that replaced it.
+_FITTED_SHAPES: dict[tuple, tuple[int, int]] = {}
+
+
+def smaller_tile(block_n: int, num_stages: int) -> Optional[tuple[int, int]]:
+    """The next smaller ``(block_n, num_stages)`` after an out-of-resources launch
+    (None: none left): one stage fewer down to 1, then half the KV tile (>= 16)
+    with 2 stages. The long-table defaults need ~113-137 KiB of shared memory;
+    GPUs with ~100 KiB per block get the same result from a smaller launch."""
+    if num_stages > 1:
+        return block_n, num_stages - 1
+    if block_n > 16:
+        return block_n // 2, 2
+    return None
+
+
+def _launch(cfg: LaunchConfig, query, key_cache, value_cache, block_table, seq_lens,
+            query_start_loc, scale, causal, out, kv_offset, window_size, future_offset,
+            sink_size, window_splits) -> None:
+    """Launch the attention kernel (and the split combine) with ``cfg`` into ``out``."""
+    num_tokens, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    num_reqs = seq_lens.shape[0]
     if cfg.num_splits > 1:
         parts = torch.empty((num_tokens, num_heads, cfg.num_splits, head_dim),
                             dtype=torch.float32, device=query.device)
@@ -535,7 +587,7 @@ def paged_attention_triton(
         parts, lse,
         float(scale) * _LOG2E, cfg.tokens_per_split, cfg.num_splits,
         seq_lens if kv_offset is None else kv_offset, window_size or 0, future_offset,
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=num_heads // num_kv_heads,
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
         WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
@@ -549,7 +601,6 @@ def paged_attention_triton(
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
             BLOCK_S=triton.next_power_of_2(cfg.num_splits),
             num_warps=4)
-    return out
 
 
 def _upcast_dot(query: torch.Tensor) -> bool:
