@@ -375,6 +375,7 @@ def main(argv=None) -> int:
                              "docstring); e.g. 'default;ppsm=4;bn=32,stages=4;default'")
     args = parser.parse_args(argv)
     configs = parse_configs(args.configs)
+    FLUSH["mode"] = args.flush
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -385,7 +386,6 @@ def main(argv=None) -> int:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "python": platform.python_version()}
-    FLUSH["mode"] = args.flush
     env["flush"] = args.flush
     env["empty_graph_us"] = empty_graph_us()
     log(f"L2 flush by {args.flush}; an empty graph replay measures {env['empty_graph_us']:.1f} us")

@@ -56,8 +56,12 @@ def test_profile_script_checks_its_arguments_then_exits_2_without_a_gpu(capsys):
     assert "invalid choice: 'nope'" in capsys.readouterr().err
 
 
-def test_peer_flush_modes_parse():
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_peer_flush_mode_selects_the_timer(tmp_path):
     bench = _load("bench_peer_attention")
+    assert bench.FLUSH["mode"] == "write"                 # do_bench's zeroing flush
+    assert bench.main(["--flush", "read", "--out", str(tmp_path)]) == 2
+    assert bench.FLUSH["mode"] == "read"
     with pytest.raises(SystemExit):
         bench.main(["--flush", "zero"])
 

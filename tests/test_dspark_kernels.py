@@ -66,6 +66,33 @@ def test_grouped_sparse_mla_matches_reference(noncausal, seq_lens, q_lens, b, wi
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_grouped_launch_that_does_not_fit_retries_smaller_shapes(monkeypatch):
+    """A GPU with less shared memory than the launch needs: the grouped kernel
+    retries with fewer stages, then smaller tiles (``_smaller``), same result."""
+    import triton
+
+    from dspark_compile.kernels import sparse_mla_grouped_triton as grouped
+
+    query, kv_cache, indices = _mla_case([21, 40], [4, 5], 4, 8, 3, 32, 16, True, seed=5)
+    scale = 48 ** -0.5
+    want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, scale, 32)
+    real_launch, tried = grouped._launch, []
+
+    def small_gpu(*args):
+        cfg = args[-1]
+        tried.append((cfg.block_n, cfg.num_stages))
+        if cfg.block_n > 16:                           # "needs too much shared memory"
+            raise triton.runtime.errors.OutOfResources(2, 1, "shared memory")
+        return real_launch(*args)
+
+    monkeypatch.setattr(grouped, "_launch", small_gpu)
+    got = grouped_sparse_mla_attention_triton(
+        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), scale, 32,
+        GroupedMLAConfig(block_n=32, num_stages=2)).cpu()
+    assert tried == [(32, 2), (32, 1), (16, 2)]
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_grouped_sparse_mla_mixed_rows_holes_and_empty_tokens():
     """Within one group: two tokens share a row, one has its own scattered row with
     holes, one has no valid index (zeros), and the last group is partial."""

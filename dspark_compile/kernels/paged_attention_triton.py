@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from dspark_compile.arithmetic.window import sink_tokens
+from dspark_compile.kernels.launch_fit import launch_until_it_fits
 from dspark_compile.kernels.paged_attention import check_window_args
 from dspark_compile.validation import warn_once
 
@@ -526,21 +527,19 @@ def paged_attention_triton(
                cfg.num_stages)
     if fit_key in _FITTED_SHAPES:    # this shape ran out of resources here before
         cfg = launch_for(*_FITTED_SHAPES[fit_key])
-    while True:
-        try:
-            _launch(cfg, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-                    scale, causal, out, kv_offset, window_size, future_offset, sink_size,
-                    window_splits)
-            return out
-        except triton.runtime.errors.OutOfResources as exc:
-            smaller = smaller_tile(cfg.block_n, cfg.num_stages)
-            if smaller is None:
-                raise
-            logger.info("paged attention: BLOCK_N %d with %d stages does not fit this GPU "
-                        "(%s); trying BLOCK_N %d with %d stages", cfg.block_n, cfg.num_stages,
-                        exc, *smaller)
-            _FITTED_SHAPES[fit_key] = smaller
-            cfg = launch_for(*smaller)
+
+    def smaller(tried: LaunchConfig) -> Optional[LaunchConfig]:
+        shape = smaller_tile(tried.block_n, tried.num_stages)
+        return None if shape is None else launch_for(*shape)
+
+    _, fitted = launch_until_it_fits(
+        lambda c: _launch(c, query, key_cache, value_cache, block_table, seq_lens,
+                          query_start_loc, scale, causal, out, kv_offset, window_size,
+                          future_offset, sink_size, window_splits),
+        cfg, smaller, "paged attention")
+    if fitted is not cfg:
+        _FITTED_SHAPES[fit_key] = (fitted.block_n, fitted.num_stages)
+    return out
 
 
 # (device, dtype, head_dim, block_m, num_warps, block_n, num_stages) of a launch that ran

@@ -25,16 +25,14 @@ holes. Math in float32, output in the query's dtype.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
 import triton
 import triton.language as tl
 
+from dspark_compile.kernels.launch_fit import launch_until_it_fits
 from dspark_compile.kernels.sparse_mla import check_sparse_mla_args
 from dspark_compile.kernels.sparse_mla_triton import launch_per_token
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,17 +216,10 @@ def grouped_sparse_mla_attention_triton(query: torch.Tensor, kv_cache: torch.Ten
                                         config: GroupedMLAConfig | None = None) -> torch.Tensor:
     """Triton ``dspark.sparse_mla_attention`` (module docstring); returns ``[T, H, L]``."""
     check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
-    cfg = config or default_config(query.dtype)
-    while True:
-        try:
-            return _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg)
-        except triton.runtime.errors.OutOfResources:
-            smaller = _smaller(cfg)
-            if smaller is None:
-                raise
-            logger.info("sparse MLA launch %s needs too much shared memory: trying %s", cfg,
-                        smaller)
-            cfg = smaller
+    out, _ = launch_until_it_fits(
+        lambda cfg: _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg),
+        config or default_config(query.dtype), _smaller, "sparse MLA")
+    return out
 
 
 def _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg):
