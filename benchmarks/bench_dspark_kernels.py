@@ -2,7 +2,7 @@
 
     python benchmarks/bench_dspark_kernels.py [--sections ceiling,mla,markov,graph]
         [--requests 64] [--q-len 8] [--context 32768] [--window 2048] [--heads 16]
-        [--mla-configs "G,BH,BN,warps,stages,splits[,scan[,prefetch]];..."] [--out DIR]
+        [--mla-configs "G,BH,BN,warps,stages,splits[,scan];..."] [--out DIR]
 
 Sections (progress lines, then markdown tables; ``results.md`` / ``results.json``
 under ``--out`` or ``$OUT``):
@@ -116,15 +116,11 @@ def parse_mla_configs(text: str):
     configs = []
     for item in filter(None, text.split(";")):
         fields = item.split(",")
-        if (len(fields) not in (6, 7, 8) or not all(f.strip().isdigit() for f in fields)
-                or (len(fields) == 8 and fields[7].strip() not in ("0", "1"))):
+        if len(fields) not in (6, 7) or not all(f.strip().isdigit() for f in fields):
             raise ValueError(f"--mla-configs entry {item!r} is invalid: expected "
-                             "G,BH,BN,warps,stages,splits[,scan_block[,prefetch]] "
-                             "(non-negative ints; prefetch 0/1)")
+                             "G,BH,BN,warps,stages,splits[,scan_block] (non-negative ints)")
         g, bh, bn, warps, stages, splits = (int(f) for f in fields[:6])
-        extra = {"scan_block": int(fields[6])} if len(fields) >= 7 else {}
-        if len(fields) == 8:
-            extra["prefetch_index"] = bool(int(fields[7]))
+        extra = {"scan_block": int(fields[6])} if len(fields) == 7 else {}
         configs.append(GroupedMLAConfig(group=g, block_h=bh, block_n=bn, num_warps=warps,
                                         num_stages=stages, num_splits=splits or None, **extra))
     return configs
@@ -392,10 +388,8 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=129280)
     parser.add_argument("--markov-rank", type=int, default=256)
     parser.add_argument("--mla-configs", default="4,16,32,8,2,0",
-                        help="grouped launch shapes "
-                             "'G,BH,BN,warps,stages,splits[,scan_block[,prefetch]];...' "
-                             "(splits 0: auto; scan_block default 2048; prefetch 0/1: "
-                             "load index tiles one iteration ahead)")
+                        help="grouped launch shapes 'G,BH,BN,warps,stages,splits[,scan_block];...' "
+                             "(splits 0: auto; scan_block default 2048)")
     parser.add_argument("--markov-launches", default="4096,8",
                         help="fused sampler launches 'BLOCK_V,warps;...' (the first is the "
                              "default launch)")

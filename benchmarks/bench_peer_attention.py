@@ -34,11 +34,10 @@ as the op runs) or comma-separated ``key=value`` overrides of
 ``paged_attention_triton``'s launch knobs (``CONFIG_KEYS``: splits, bn, warps,
 stages, ppsm = the earlier split rule's programs per SM, res = resident programs
 per SM for the wave-filling split rule, min_tokens = least tokens per split,
-exact = one tile per decode token, heads = KV head as the fastest grid axis,
-pf = block-table entries loaded one KV tile ahead). Every candidate is first
-checked against the torch reference (``paged_attention_ref``, fp32) on the full
-table, the windowed table and the full table with the in-kernel window; one that
-misses (rel. err > 1e-2) or fails is reported and not timed. List ``default`` twice to see the run's spread.
+exact = one tile per decode token, heads = KV head as the fastest grid axis). Every candidate is first checked against the torch
+reference (``paged_attention_ref``, fp32) on the full table, the windowed table and
+the full table with the in-kernel window; one that misses (rel. err > 1e-2) or
+fails is reported and not timed. List ``default`` twice to see the run's spread.
 """
 
 from __future__ import annotations
@@ -57,8 +56,8 @@ HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIG_KEYS = {"splits": "num_splits", "bn": "block_n", "warps": "num_warps",
                "stages": "num_stages", "ppsm": "programs_per_sm", "res": "resident_per_sm",
                "min_tokens": "min_split_tokens", "exact": "exact_tiles",
-               "heads": "heads_first", "pf": "prefetch_table"}
-BOOL_KNOBS = ("exact_tiles", "heads_first", "prefetch_table")
+               "heads": "heads_first"}
+BOOL_KNOBS = ("exact_tiles", "heads_first")
 MAX_REL_ERR = 1e-2
 
 

@@ -26,9 +26,7 @@ def test_mla_configs_parse_into_launch_shapes():
     assert (second.group, second.num_splits) == (2, 2)
     (narrow,) = bench.parse_mla_configs("4,16,64,8,2,0,64")
     assert narrow.scan_block == 64 and first.scan_block == 2048
-    (ahead,) = bench.parse_mla_configs("4,16,64,8,2,0,64,1")
-    assert ahead.prefetch_index and not first.prefetch_index
-    for bad in ("4,16", "4,16,64,8,2,0,64,1,1", "4,16,x,8,2,0", "4,16,64,8,2,0,64,2"):
+    for bad in ("4,16", "4,16,64,8,2,0,64,1", "4,16,x,8,2,0"):
         with pytest.raises(ValueError, match=f"--mla-configs entry '{bad}' is invalid"):
             bench.parse_mla_configs(bad)
 
@@ -70,13 +68,11 @@ def test_peer_flush_mode_selects_the_timer(tmp_path):
 
 def test_peer_configs_parse_into_launch_knobs():
     bench = _load("bench_peer_attention")
-    configs = bench.parse_configs("default; ppsm=4,bn=32 ;exact=1,heads=0,min_tokens=1024;"
-                                  "pf=1,stages=3")
+    configs = bench.parse_configs("default; ppsm=4,bn=32 ;exact=1,heads=0,min_tokens=1024;")
     assert configs == [("default", {}),
                        ("ppsm=4,bn=32", {"programs_per_sm": 4, "block_n": 32}),
                        ("exact=1,heads=0,min_tokens=1024",
-                        {"exact_tiles": True, "heads_first": False, "min_split_tokens": 1024}),
-                       ("pf=1,stages=3", {"prefetch_table": True, "num_stages": 3})]
+                        {"exact_tiles": True, "heads_first": False, "min_split_tokens": 1024})]
     for bad in ("ppsm", "blocks=2", "bn=x"):
         with pytest.raises(ValueError, match="--configs"):
             bench.parse_configs(bad)

@@ -48,11 +48,6 @@ GROUPED_CASES = [
      GroupedMLAConfig(block_n=16, num_splits=2, scan_block=16)),
     # a scan step wider than the rows
     ([150, 40], [8, 8], 5, 128, 4, 16, 8, GroupedMLAConfig(block_n=32, scan_block=1024)),
-    # index tiles loaded one iteration ahead, with and without splits
-    ([21, 9, 0, 3, 40], [4, 4, 0, 3, 5], 4, 8, 3, 32, 16,
-     GroupedMLAConfig(block_n=16, prefetch_index=True)),
-    ([150, 40], [8, 8], 5, 128, 4, 16, 8,
-     GroupedMLAConfig(group=4, block_n=32, num_splits=3, prefetch_index=True)),
 ]
 
 

@@ -112,5 +112,5 @@ def test_random_full_table_windows():
                     causal)
             want = dense_sink_attention(*args, W, K, S)
             got = _triton(*args, num_splits=rand(1, 4), window_size=W, future_offset=K,
-                          sink_size=S, prefetch_table=bool(rand(0, 1)))
+                          sink_size=S)
             _close(got, want)

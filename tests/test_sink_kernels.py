@@ -122,8 +122,7 @@ def test_non_causal_and_decode_tables_need_no_kernel_change(name):
 
 
 @pytest.mark.parametrize("launch", [dict(), dict(exact_tiles=False, heads_first=False),
-                                    dict(block_n=128, num_splits=2),
-                                    dict(block_n=16, prefetch_table=True)])
+                                    dict(block_n=128, num_splits=2)])
 def test_decode_launches_with_sinks(launch):
     """Decode (one query per request) in the per-token form with sinks, under the
     decode launch (exact tiles, KV head first), the general one, and the GPU's

@@ -71,8 +71,7 @@ def test_paged_attention_matches_reference(causal, seq_lens, q_lens, b, hq, hkv,
 
 @pytest.mark.parametrize("launch", [
     dict(exact_tiles=True), dict(heads_first=True), dict(exact_tiles=True, heads_first=True),
-    dict(programs_per_sm=1, min_split_tokens=8), dict(programs_per_sm=64, min_split_tokens=4),
-    dict(prefetch_table=True, block_n=16), dict(prefetch_table=True, programs_per_sm=8)])
+    dict(programs_per_sm=1, min_split_tokens=8), dict(programs_per_sm=64, min_split_tokens=4)])
 @pytest.mark.parametrize("q_lens", [[1, 1, 0, 1, 1], [3, 1, 0, 4, 2]])
 def test_launch_knobs_do_not_change_the_result(launch, q_lens):
     """The tuning knobs (benchmarks/bench_peer_attention.py --configs) only cut the

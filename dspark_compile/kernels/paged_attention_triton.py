@@ -92,29 +92,16 @@ def _attend_range(
     d, d_valid, scale_log2,
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOWED: tl.constexpr, SINK_TOKENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, PREFETCH_TABLE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     """Online-softmax update of (m_i, l_i, acc) with the table tokens
     ``[n_begin, n_end)``: a query row sees token t if t <= its table position
-    (causal), and t >= its ``lo`` or t < ``SINK_TOKENS`` (windowed).
-    ``PREFETCH_TABLE``: the next tile's table entries are loaded one iteration
-    ahead, so the K/V gathers depend on no load of their own iteration."""
-    kv_next = n_begin + tl.arange(0, BLOCK_N)
-    blocks_next = tl.zeros([BLOCK_N], tl.int64)
-    if PREFETCH_TABLE:
-        blocks_next = tl.load(table_row + (kv_next // BLOCK_SIZE) * table_stride1,
-                              mask=kv_next < n_end, other=0).to(tl.int64)
+    (causal), and t >= its ``lo`` or t < ``SINK_TOKENS`` (windowed)."""
     for n0 in range(n_begin, n_end, BLOCK_N):
         kv = n0 + tl.arange(0, BLOCK_N)
         kv_valid = kv < n_end
-        if PREFETCH_TABLE:
-            blocks = blocks_next
-            kv_next = kv + BLOCK_N
-            blocks_next = tl.load(table_row + (kv_next // BLOCK_SIZE) * table_stride1,
-                                  mask=kv_next < n_end, other=0).to(tl.int64)
-        else:
-            blocks = tl.load(table_row + (kv // BLOCK_SIZE) * table_stride1, mask=kv_valid,
-                             other=0).to(tl.int64)
+        blocks = tl.load(table_row + (kv // BLOCK_SIZE) * table_stride1, mask=kv_valid,
+                         other=0).to(tl.int64)
         offsets = kv % BLOCK_SIZE
         k = tl.load(k_head + blocks[None, :] * k_stride0 + offsets[None, :] * k_stride1
                     + d[:, None], mask=kv_valid[None, :] & d_valid[:, None], other=0.0)
@@ -162,7 +149,6 @@ def _paged_attention_kernel(
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
     SINK_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, WINDOW_SPLITS: tl.constexpr,
-    PREFETCH_TABLE: tl.constexpr,
 ):
     if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
         kv_head = tl.program_id(0)
@@ -260,12 +246,12 @@ def _paged_attention_kernel(
             q, q_pos, lo, m_i, l_i, acc, sink_begin, sink_end,
             table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0,
             v_stride1, d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED,
-            SINK_TOKENS, DOT_PRECISION, UPCAST_DOT, PREFETCH_TABLE)
+            SINK_TOKENS, DOT_PRECISION, UPCAST_DOT)
     m_i, l_i, acc = _attend_range(
         q, q_pos, lo, m_i, l_i, acc, split_begin, split_end,
         table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0, v_stride1,
         d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED, SINK_TOKENS,
-        DOT_PRECISION, UPCAST_DOT, PREFETCH_TABLE)
+        DOT_PRECISION, UPCAST_DOT)
 
     empty = l_i == 0.0
     result = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -314,9 +300,6 @@ class LaunchConfig:
     the grid has ``T`` tiles instead of the upper bound ``T // block_q + R``.
     ``heads_first``: the KV head is the grid's fastest axis (all KV heads of a
     tile and split are scheduled side by side) instead of the query tile.
-    ``prefetch_table``: the KV loop loads each tile's block-table entries one
-    iteration ahead (triton 3.6 then pipelines the K/V gathers from 3 stages on,
-    instead of 5).
     """
 
     block_q: int
@@ -328,7 +311,6 @@ class LaunchConfig:
     num_stages: int
     exact_tiles: bool = False
     heads_first: bool = False
-    prefetch_table: bool = False
 
     def grid(self, num_tokens: int, num_reqs: int, num_kv_heads: int) -> tuple[int, int, int]:
         tiles = num_tokens if self.exact_tiles else num_tokens // self.block_q + num_reqs
@@ -352,7 +334,6 @@ class TileDefaults:
     resident_per_sm: int
     exact_tiles: bool
     heads_first: bool
-    prefetch_table: bool = False
 
 
 # Measured on the H200, torch 2.11 / triton 3.6, Hq 32 / Hkv 8, D 128, bf16, b=16
@@ -382,8 +363,7 @@ SHORT_TABLE_TOKENS = 8192  # measured at 2064 (short) and 32768 / 131072 (long) 
 # override; None keeps the heuristic's choice. ``programs_per_sm`` selects the
 # earlier split rule (ceil(programs_per_sm x SMs / programs), 16 before tuning).
 LAUNCH_KNOBS = ("num_splits", "block_n", "num_warps", "num_stages", "programs_per_sm",
-                "resident_per_sm", "min_split_tokens", "exact_tiles", "heads_first",
-                "prefetch_table")
+                "resident_per_sm", "min_split_tokens", "exact_tiles", "heads_first")
 DEFAULT_MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 512
 MIN_WAVE_FILL = 0.9
@@ -431,7 +411,6 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                   resident_per_sm: Optional[int] = None,
                   min_split_tokens: Optional[int] = None, exact_tiles: Optional[bool] = None,
                   heads_first: Optional[bool] = None,
-                  prefetch_table: Optional[bool] = None,
                   window_tokens: Optional[int] = None) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
@@ -479,9 +458,7 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
                         num_warps or tiles.num_warps,
                         num_stages or (tiles.num_stages if on_gpu else 1),
                         exact_tiles=exact,
-                        heads_first=heads and grid_tiles <= 65535,  # grid y limit
-                        prefetch_table=(tiles.prefetch_table if prefetch_table is None
-                                        else bool(prefetch_table)))
+                        heads_first=heads and grid_tiles <= 65535)  # grid y limit
 
 
 def paged_attention_triton(
@@ -616,7 +593,6 @@ def _launch(cfg: LaunchConfig, query, key_cache, value_cache, block_table, seq_l
         SINK_TOKENS=sink_tokens(sink_size, block_size),
         DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), EXACT_TILES=cfg.exact_tiles,
         HEADS_FIRST=cfg.heads_first, WINDOW_SPLITS=window_splits,
-        PREFETCH_TABLE=cfg.prefetch_table,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](

@@ -41,9 +41,6 @@ class GroupedMLAConfig:
     slots per tile, ``num_splits`` programs along the index columns (``None``:
     enough to fill one wave of SMs). ``scan_block``: index columns per step of the
     pre-scan (a power of two; fewer, wider steps wait on fewer loads).
-    ``prefetch_index``: each KV tile's index entries are loaded one iteration
-    ahead, so its row gathers wait on no load of their own iteration (triton 3.6
-    then pipelines them from 3 stages on).
 
     The defaults are the fastest 16-bit shape measured on the H200
     (``benchmarks/results/2026-11-30-h200-dspark-kernels.md``; ``scan_block``:
@@ -58,7 +55,6 @@ class GroupedMLAConfig:
     num_warps: int = 8
     num_stages: int = 2
     scan_block: int = 2048
-    prefetch_index: bool = False
 
     def __post_init__(self) -> None:
         for name in ("group", "block_h", "block_n", "num_warps", "scan_block"):
@@ -89,8 +85,7 @@ def _grouped_sparse_mla_kernel(
         num_tokens, num_heads, width, cols_per_split, scale,
         LORA: tl.constexpr, ROPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLIT: tl.constexpr, PRECISION: tl.constexpr, SCAN: tl.constexpr,
-        PREFETCH: tl.constexpr):
+        SPLIT: tl.constexpr, PRECISION: tl.constexpr, SCAN: tl.constexpr):
     pid_g = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -132,17 +127,9 @@ def _grouped_sparse_mla_kernel(
     col_lo = pid_s * cols_per_split
     col_hi = tl.where(shared, tl.minimum(width, col_lo + cols_per_split), col_lo)
     # Shared rows: one KV tile load serves the whole [GROUP * BLOCK_H] query tile.
-    lead_next = cols
-    if PREFETCH:
-        lead_next = tl.load(idx_row + col_lo + cols, mask=col_lo + cols < col_hi, other=-1)
     for start in range(col_lo, col_hi, BLOCK_N):
-        if PREFETCH:
-            lead = lead_next
-            col = start + BLOCK_N + cols
-            lead_next = tl.load(idx_row + col, mask=col < col_hi, other=-1)
-        else:
-            col = start + cols
-            lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
+        col = start + cols
+        lead = tl.load(idx_row + col, mask=col < col_hi, other=-1)
         live = lead >= 0
         scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
                                       lat_mask, rope, rope_mask, LORA, PRECISION)
@@ -271,7 +258,7 @@ def _launch(query, kv_cache, indices, scale, kv_lora_rank, cfg):
         LORA=kv_lora_rank, ROPE=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_L=block_l,
         BLOCK_P=max(16, triton.next_power_of_2(max(rope_dim, 1))), BLOCK_N=cfg.block_n,
         SPLIT=splits > 1, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        SCAN=cfg.scan_block, PREFETCH=cfg.prefetch_index,
+        SCAN=cfg.scan_block,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
