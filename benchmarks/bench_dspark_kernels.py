@@ -8,12 +8,16 @@ Sections (progress lines, then markdown tables; ``results.md`` / ``results.json`
 under ``--out`` or ``$OUT``):
 
 ceiling  read-only HBM bandwidth: a Triton kernel that reads 4 GiB once (the
-         ceiling every figure here is compared with)
+         ceiling every figure here is compared with); and the tensor-core rate of
+         a dense bf16 GEMM (cuBLAS, 8192^3), the ceiling for the MLA arithmetic
 mla      sparse MLA attention, bf16 512+64 latent, b=64: torch reference, the
          per-token kernel (before this change) and the grouped kernel in several
          launch shapes, non-causal (DSpark block) and causal index rows. Bytes =
          DISTINCT KV rows listed in the indices x 1152 B (plus the index bytes,
-         shown separately)
+         shown separately). FLOPs = 2 x (listed slots x heads) x (576 + 512): the
+         score and value products; with 128 query rows per KV row the kernel is
+         compute-bound, so the table also gives each time as a share of the GEMM
+         rate and the best fraction of the read ceiling that rate allows
 markov   Markov sampling, V=129280, 8 steps: eager reference, the reference under
          torch.compile(mode="reduce-overhead"), the fused kernel (CUDA-graph
          replay); tokens compared for bit equality (greedy, sampled, mixed)
@@ -105,7 +109,36 @@ def section_ceiling() -> float:
                     f"4 GiB of bf16 once ({ms * 1e3:.0f} us).\n")
     del x
     torch.cuda.empty_cache()
+    tflops = gemm_ceiling_tflops()
+    MARKDOWN.append(f"Tensor-core ceiling: {tflops:.0f} TFLOPS, a dense bf16 GEMM "
+                    f"(torch.mm, 8192^3, cuBLAS).\n")
     return gbps
+
+
+def gemm_ceiling_tflops() -> float:
+    """Dense bf16 GEMM rate (``torch.mm`` 8192^3), measured once per run."""
+    if "gemm_ceiling_TFLOPS" not in RESULTS:
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        ms = bench_ms(lambda: torch.mm(a, b))
+        RESULTS["gemm_ceiling_TFLOPS"] = 2 * n ** 3 / ms / 1e9
+        log(f"GEMM ceiling: {RESULTS['gemm_ceiling_TFLOPS']:.0f} TFLOPS (bf16 {n}^3, "
+            f"{ms * 1e3:.0f} us)")
+    return RESULTS["gemm_ceiling_TFLOPS"]
+
+
+def mla_flops(listed_slots: int, heads: int, lora: int, rope: int) -> int:
+    """Tensor-core FLOPs of sparse MLA attention: every listed (token, slot) pair
+    costs each head one ``lora + rope`` score dot and one ``lora`` value FMA row."""
+    return 2 * listed_slots * heads * (2 * lora + rope)
+
+
+def best_read_fraction(flops: float, kv_bytes: float, tflops: float, gbps: float) -> float:
+    """Largest fraction of the read ceiling a kernel can reach when it must also do
+    ``flops`` at ``tflops``: bandwidth time / max(bandwidth time, compute time)."""
+    read_s, compute_s = kv_bytes / (gbps * 1e9), flops / (tflops * 1e12)
+    return read_s / max(read_s, compute_s)
 
 
 # ----------------------------------------------------------------------------- mla
@@ -166,15 +199,20 @@ def section_mla(args, ceiling: float) -> None:
     query, kv_cache, index_sets, lora = mla_inputs(args)
     scale = (lora + 64) ** -0.5
     configs = parse_mla_configs(args.mla_configs)
+    tflops = gemm_ceiling_tflops()
     rows, all_rows = [], []
     for form, indices in index_sets.items():
         slots = indices[indices >= 0]
         distinct = int(torch.unique(slots).numel())
         kv_bytes = distinct * (lora + 64) * 2
         idx_bytes = indices.numel() * 4
+        flops = mla_flops(int(slots.numel()), args.heads, lora, 64)
+        bound = best_read_fraction(flops, kv_bytes, tflops, ceiling)
         want = ref.sparse_mla_attention_ref(query, kv_cache, indices, scale, lora)
         log(f"mla {form}: {distinct} distinct KV rows = {kv_bytes / 1e6:.1f} MB, "
-            f"{int(slots.numel())} listed (x{slots.numel() / distinct:.2f})")
+            f"{int(slots.numel())} listed (x{slots.numel() / distinct:.2f}), "
+            f"{flops / 1e9:.2f} GFLOP ({flops / kv_bytes:.0f} per distinct KV byte): at "
+            f"{tflops:.0f} TFLOPS at most {bound:.0%} of the read ceiling")
         candidates = [("torch reference", lambda: ref.sparse_mla_attention_ref(
                           query, kv_cache, indices, scale, lora)),
                       ("per-token kernel (before)", lambda: per_token.sparse_mla_attention_triton(
@@ -193,31 +231,39 @@ def section_mla(args, ceiling: float) -> None:
                 ok = err < 1e-2 and not torch.isnan(got).any()
                 ms = bench_ms(graph_of(fn).replay)       # GPU time, no host launch gaps
             except Exception as exc:  # a launch shape that does not fit is reported
-                all_rows.append([form, name, "error", str(exc).splitlines()[0][:80], "", "", ""])
+                all_rows.append([form, name, "error", str(exc).splitlines()[0][:80], "", "", "",
+                                 "", ""])
                 log(f"  {name}: ERROR {str(exc).splitlines()[0][:200]}")
                 continue
             gbps = kv_bytes / ms / 1e6
-            all_rows.append([form, name, ms * 1e3, gbps, gbps / ceiling, err, ok])
+            rate = flops / ms / 1e9
+            all_rows.append([form, name, ms * 1e3, gbps, gbps / ceiling, rate, rate / tflops,
+                             err, ok])
             log(f"  {name}: {ms * 1e3:.1f} us, {gbps:.0f} GB/s distinct KV "
-                f"({gbps / ceiling:.0%} of read ceiling), rel err {err:.1e} {'OK' if ok else 'BAD'}")
+                f"({gbps / ceiling:.0%} of read ceiling), {rate:.0f} TFLOPS "
+                f"({rate / tflops:.0%} of GEMM), rel err {err:.1e} {'OK' if ok else 'BAD'}")
         done = [r for r in all_rows if r[0] == form and isinstance(r[2], float)]
         before = next((r for r in done if r[1].startswith("per-token")), None)
-        best = min((r for r in done if r[1].startswith("grouped") and r[6]),
+        best = min((r for r in done if r[1].startswith("grouped") and r[8]),
                    key=lambda r: r[2], default=None)
         if before and best:
-            rows.append([form, kv_bytes / 1e6, idx_bytes / 1e6, before[2], best[2],
-                         before[2] / best[2], best[3], best[4], best[1]])
-    headers = ["rows", "distinct KV MB", "index MB", "per-token us", "grouped us", "speedup",
-               "grouped GB/s (distinct KV)", "of read ceiling", "best launch"]
+            rows.append([form, kv_bytes / 1e6, idx_bytes / 1e6, flops / 1e9, before[2],
+                         best[2], before[2] / best[2], best[3], best[4], best[6], bound,
+                         best[1]])
+    headers = ["rows", "distinct KV MB", "index MB", "GFLOP", "per-token us", "grouped us",
+               "speedup", "grouped GB/s (distinct KV)", "of read ceiling", "of GEMM rate",
+               "read-ceiling share the GEMM rate allows", "best launch"]
     all_headers = ["rows", "implementation", "us", "GB/s distinct KV", "of read ceiling",
-                   "rel err vs reference", "ok"]
+                   "TFLOPS", "of GEMM rate", "rel err vs reference", "ok"]
     RESULTS["mla"] = {"headers": headers, "rows": rows, "all_headers": all_headers,
                       "all_rows": all_rows}
     MARKDOWN.append(
         f"## Sparse MLA attention ({args.requests} requests x {args.q_len} tokens, context "
         f"{args.context}, W={args.window}, {args.heads} heads, bf16 512+64, b={args.block_size})"
         f"\n\nBytes = distinct KV rows listed in the indices x 1152 B; read ceiling "
-        f"{ceiling:.0f} GB/s. CUDA-graph replays, L2 flushed before every repetition.\n\n" + md_table(headers, rows)
+        f"{ceiling:.0f} GB/s. FLOPs = 2 x listed slots x heads x (2 x 512 + 64); GEMM rate "
+        f"{tflops:.0f} TFLOPS. CUDA-graph replays, L2 flushed before every repetition.\n\n"
+        + md_table(headers, rows)
         + "\nEvery implementation, same run:\n\n" + md_table(all_headers, all_rows))
 
 

@@ -31,6 +31,21 @@ def test_mla_configs_parse_into_launch_shapes():
             bench.parse_mla_configs(bad)
 
 
+def test_mla_arithmetic_and_the_read_share_it_allows():
+    """FLOPs per listed (token, slot) pair and head: a 576-wide score dot plus a
+    512-wide value row, 2 FLOPs per multiply-add; a compute-bound shape cannot
+    reach the read ceiling."""
+    bench = _load("bench_dspark_kernels")
+    assert bench.mla_flops(1, 1, 512, 64) == 2 * (576 + 512)
+    listed = 64 * 8 * 2056                       # the benchmark's non-causal rows
+    flops = bench.mla_flops(listed, 16, 512, 64)
+    assert flops == 2 * 64 * 8 * 16 * 2056 * 1088
+    kv_bytes = 64 * 2056 * 1152
+    share = bench.best_read_fraction(flops, kv_bytes, tflops=989.0, gbps=4495.0)
+    assert 0.90 < share < 0.92                   # 33.7 us of reads vs 37.1 us of math
+    assert bench.best_read_fraction(1e6, kv_bytes, tflops=989.0, gbps=4495.0) == 1.0
+
+
 def test_markov_launches_parse():
     bench = _load("bench_dspark_kernels")
     assert bench.parse_markov_launches("4096,8;2048,4;") == [(4096, 8), (2048, 4)]
