@@ -115,6 +115,41 @@ def test_grouped_sparse_mla_mixed_rows_holes_and_empty_tokens():
         assert (got[3] == 0).all()
 
 
+def _poison_unlisted_rows(kv_cache, indices):
+    """NaN in every cache row no index lists: a kernel (or reference) that lets a row it
+    was not asked for reach the output, even times a zero probability, returns NaN."""
+    flat = kv_cache.reshape(-1, kv_cache.shape[-1])
+    listed = torch.zeros(flat.shape[0], dtype=torch.bool)
+    listed[indices[indices >= 0].long()] = True
+    flat[~listed] = float("nan")
+    return kv_cache
+
+
+@pytest.mark.parametrize("noncausal", [True, False])
+@pytest.mark.parametrize("config", [GroupedMLAConfig(block_n=16),
+                                    GroupedMLAConfig(group=2, block_n=16, num_splits=3)])
+def test_sparse_mla_ignores_unlisted_cache_rows(noncausal, config):
+    """Cache rows outside the indices hold NaN (a block's rows past the window, rows
+    before it, other requests' blocks): the reference, the grouped kernel and the
+    per-token kernel never read them into the output."""
+    from dspark_compile.kernels.sparse_mla_triton import sparse_mla_attention_triton
+
+    query, kv_cache, indices = _mla_case([90, 37, 5, 0, 61], [8, 8, 4, 0, 8], 16, 40, 3, 32, 16,
+                                         noncausal, seed=209)
+    clean = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, 0.2, 32)
+    kv_cache = _poison_unlisted_rows(kv_cache, indices)
+    # slot 0 unlisted and rows with -1 holes: a gather that reads slot 0 for a hole sees NaN
+    assert torch.isnan(kv_cache.reshape(-1, 48)[0]).all() and (indices < 0).any()
+    want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, 0.2, 32)
+    assert torch.equal(want, clean)
+    grouped = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
+                                                  indices.to(DEVICE), 0.2, 32, config).cpu()
+    per_token = sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
+                                            indices.to(DEVICE), 0.2, 32).cpu()
+    for got in (grouped, per_token):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_grouped_config_is_validated():
     for bad, message in ((dict(scan_block=100), "scan_block=100 is invalid: expected a power"),
                          (dict(group=3), "group=3 is invalid"),

@@ -186,13 +186,15 @@ def sparse_mla_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor,
     ``[num_blocks*b, L+P]`` slots; ``indices [T, width]`` int32 slot ids, ``-1``
     skipped. Scores ``scale * q . kv`` over all L+P channels; values are the
     first ``L = kv_lora_rank`` channels. No mask other than the indices; a
-    token with no valid index outputs zeros. Math in float32; returns
+    token with no valid index outputs zeros. Rows no index lists never reach the
+    output (not even as NaN). Math in float32; returns
     ``[T, H, L]`` in ``query``'s dtype.
     """
     check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])
     valid = indices >= 0
     kv = flat[torch.clamp(indices, min=0).long()].float()                 # [T, width, D]
+    kv = kv.masked_fill(~valid.unsqueeze(-1), 0.0)    # unlisted rows never reach the output
     scores = torch.einsum("thd,tnd->thn", query.float(), kv) * scale
     scores = scores.masked_fill(~valid.unsqueeze(1), float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
