@@ -159,14 +159,19 @@ def parse_mla_configs(text: str):
     return configs
 
 
-def parse_markov_launches(text: str) -> list[tuple[int, int]]:
-    """``'BLOCK_V,warps;...'`` -> ``[(block_v, num_warps), ...]``."""
+def parse_markov_launches(text: str) -> list[tuple[int, int, int]]:
+    """``'BLOCK_V,warps[,blocks_per_program];...'`` -> ``[(block_v, num_warps,
+    blocks_per_program), ...]`` (blocks_per_program defaults to the kernel's)."""
+    from dspark_compile.kernels.markov_sampling_triton import BLOCKS_PER_PROGRAM
+
     launches = []
     for item in filter(None, text.split(";")):
         fields = item.split(",")
-        if len(fields) != 2 or not all(f.strip().isdigit() for f in fields):
-            raise ValueError(f"--markov-launches entry {item!r} is invalid: expected BLOCK_V,warps")
-        launches.append((int(fields[0]), int(fields[1])))
+        if len(fields) not in (2, 3) or not all(f.strip().isdigit() for f in fields):
+            raise ValueError(f"--markov-launches entry {item!r} is invalid: expected "
+                             f"BLOCK_V,warps[,blocks_per_program]")
+        launches.append((int(fields[0]), int(fields[1]),
+                         int(fields[2]) if len(fields) == 3 else BLOCKS_PER_PROGRAM))
     return launches
 
 
@@ -313,17 +318,19 @@ def section_markov(args, ceiling: float) -> None:
         fused_eager_ms = bench_ms(fused_step)
         want = ref_step()
         launch_rows = []
-        for block_v, warps in parse_markov_launches(args.markov_launches):
-            def launch_step(block_v=block_v, warps=warps):
+        for block_v, warps, per_program in parse_markov_launches(args.markov_launches):
+            def launch_step(block_v=block_v, warps=warps, per_program=per_program):
                 return sample_sequential_triton(base, anchors, head, temps, seeds, positions,
-                                                block_v=block_v, num_warps=warps)
+                                                block_v=block_v, num_warps=warps,
+                                                blocks_per_program=per_program)
             same = bool(torch.equal(launch_step(), want))
             ms = bench_ms(graph_of(launch_step).replay)
-            launch_rows.append([f"fused kernel, CUDA graph, BLOCK_V={block_v} warps={warps}"
+            launch_rows.append([f"fused kernel, CUDA graph, BLOCK_V={block_v} warps={warps} "
+                                f"blocks/program={per_program}"
                                 + ("" if same else " (TOKENS DIFFER)"), ms * 1e3,
                                 logits_bytes / ms / 1e6 / ceiling,
                                 (logits_bytes + weight_bytes) / ms / 1e6 / ceiling])
-            log(f"markov launch BLOCK_V={block_v} warps={warps}: {ms * 1e3:.0f} us, "
+            log(f"markov launch BLOCK_V={block_v} warps={warps} x{per_program}: {ms * 1e3:.0f} us, "
                 f"tokens {'identical' if same else 'DIFFER'}")
 
         def bias_only():                       # what both implementations spend in the head
@@ -436,9 +443,9 @@ def main(argv=None) -> int:
     parser.add_argument("--mla-configs", default="4,16,32,8,2,0",
                         help="grouped launch shapes 'G,BH,BN,warps,stages,splits[,scan_block];...' "
                              "(splits 0: auto; scan_block default 2048)")
-    parser.add_argument("--markov-launches", default="4096,8",
-                        help="fused sampler launches 'BLOCK_V,warps;...' (the first is the "
-                             "default launch)")
+    parser.add_argument("--markov-launches", default="1024,2,4",
+                        help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program];...' "
+                             "(the kernel's default launch is 1024,2,4)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")
     parser.add_argument("--prewarm", type=int, default=0,
                         help="compile the MLA variants first in this many processes")

@@ -7,6 +7,7 @@ import torch
 
 import dspark_compile  # noqa: F401  (registers torch.ops.dspark.*)
 from dspark_compile.kernels import sparse_mla as ref
+from dspark_compile.kernels import markov_sampling_triton as markov_triton
 from dspark_compile.kernels.markov_sampling_triton import sample_sequential_triton
 from dspark_compile.kernels.mla_cache_write_triton import mla_cache_write_triton
 from dspark_compile.kernels.sparse_mla_grouped_triton import (
@@ -246,17 +247,23 @@ def test_fused_markov_sampling_ties_pick_the_first_index_and_signs_order():
     assert torch.equal(got.cpu(), want)
 
 
-@pytest.mark.parametrize("block_v,num_warps", [(128, 1), (1024, 4), (8192, 16)])
-def test_fused_markov_launch_knobs_do_not_change_tokens(block_v, num_warps):
-    """Tiles of 128 to 8192 tokens (40 programs per row down to one): the row's last
-    program writes the token, whichever that is."""
+@pytest.mark.parametrize("block_v,num_warps,max_candidates,blocks_per_program",
+                         [(128, 1, 8, 1), (1024, 4, 0, 1), (8192, 16, 1, 1), (2048, 8, 3, 1),
+                          (128, 4, 8, 7), (1024, 4, 1, 3), (512, 2, 0, 16)])
+def test_fused_markov_launch_knobs_do_not_change_tokens(block_v, num_warps, max_candidates,
+                                                        blocks_per_program):
+    """Blocks of 128 to 8192 tokens, 1 to 16 of them per program (40 programs per row
+    down to one; a program's last block partly past the vocabulary): the row's last
+    program writes the token, whichever that is; 0 to 8 filter candidates."""
     head, base, anchors = _markov_case(5, 3, 5000, 8, torch.float32, seed=4)
     seeds = torch.tensor([3, 1, 2**40 + 5, -7, 11], device=DEVICE)
     temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0], device=DEVICE)
     with torch.no_grad():
         want = sample_sequential(base, anchors, head, temperature, seeds)
         got = sample_sequential_triton(base, anchors, head, temperature, seeds,
-                                       block_v=block_v, num_warps=num_warps)
+                                       block_v=block_v, num_warps=num_warps,
+                                       max_candidates=max_candidates,
+                                       blocks_per_program=blocks_per_program)
     assert torch.equal(got, want)
 
 
@@ -264,7 +271,12 @@ def test_fused_markov_sampling_validates_and_handles_empty():
     head, base, anchors = _markov_case(2, 3, 64, 4, torch.float32, seed=3)
     for knobs, message in ((dict(block_v=100), "block_v=100 is invalid: expected a power"),
                            (dict(block_v=64), "block_v=64 is invalid"),
-                           (dict(num_warps=3), "num_warps=3 is invalid: expected 1, 2, 4")):
+                           (dict(num_warps=3), "num_warps=3 is invalid: expected 1, 2, 4"),
+                           (dict(max_candidates=-1), "max_candidates=-1 is invalid: expected an "
+                                                     "int >= 0"),
+                           (dict(max_candidates=2.0), "max_candidates=2.0 is invalid"),
+                           (dict(blocks_per_program=0), "blocks_per_program=0 is invalid: "
+                                                        "expected an int >= 1")):
         with pytest.raises(ValueError, match=message):
             sample_sequential_triton(base, anchors, head, 0.0, torch.zeros(2, device=DEVICE),
                                      **knobs)
@@ -273,6 +285,77 @@ def test_fused_markov_sampling_validates_and_handles_empty():
     empty = sample_sequential_triton(base[:, :0], anchors, head, 1.0,
                                      torch.zeros(2, device=DEVICE))
     assert empty.shape == (2, 0)
+
+
+def test_fast_gumbel_noise_is_within_its_limit_on_every_input():
+    """The sampled-row filter is exact only while the fast noise stays within
+    NOISE_ERROR_LIMIT of the exact one: checked over all 2**23 noise inputs, as
+    compiled for this device (hardware lg2.approx on CUDA)."""
+    error = markov_triton.gumbel_fast_error(DEVICE)
+    assert 0.0 <= error <= markov_triton.NOISE_ERROR_LIMIT, error
+
+
+def _equal_noise_pair(seed, vocab, block):
+    """The first position >= 0 whose noise is equal (a 23-bit collision) for two tokens of
+    one block: (position, (lower token, higher token))."""
+    from dspark_compile.models.markov_sampling import gumbel_noise
+    for position in range(100):
+        noise = gumbel_noise(torch.tensor([seed]), torch.tensor([position]), vocab)[0]
+        order = torch.argsort(noise, stable=True)
+        same = ((noise[order[1:]] == noise[order[:-1]])
+                & (order[1:] // block == order[:-1] // block))
+        if same.any():
+            pair = order[:-1][same][0].item(), order[1:][same][0].item()
+            return position, (min(pair), max(pair))
+    raise AssertionError("no colliding noise in 100 positions")
+
+
+def _filter_rows(vocab, block, temperature):
+    """Rows whose winner sits where the sampled-row filter is tested: (base [6, 1, V],
+    seeds, positions, tie). Row 0 random; 1: five tokens of one block within ~1e-5 of
+    each other on top; 2: an exact tie on top (equal noise, equal logit: ``tie[0]``
+    wins); 3: a first block with no finite logit and half the rest -inf; 4: three
+    logits whose quotient by T overflows to inf (the first, 5, wins); 5: every logit
+    -inf (token 0)."""
+    from dspark_compile.models.markov_sampling import gumbel_noise
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(6, 1, vocab, generator=gen) * 3
+    seeds = torch.tensor([11, 12, 13, 14, 15, 16])
+    positions = torch.tensor([77, 5, 0, 9, 2, 4])
+    noise = gumbel_noise(seeds[1:2], positions[1:2], vocab)[0]
+    picked = torch.tensor([block + 6, block + 7, block + 300, 2 * block - 1, block])
+    base[1, 0, picked] = ((30.0 - noise[picked].double() + torch.arange(5) * 2e-6)
+                          * temperature).float()
+    positions[2], tie = _equal_noise_pair(13, vocab, block)
+    base[2, 0, list(tie)] = 40.0
+    base[3, 0, torch.randperm(vocab, generator=gen)[:vocab // 2]] = float("-inf")
+    base[3, 0, :block] = float("-inf")
+    base[4, 0, [block + 5, 5, vocab - 1]] = 3.3e38
+    base[5] = float("-inf")
+    return base, seeds, positions, tie
+
+
+@pytest.mark.parametrize("wobble", [0.0, 0.9, -0.9])
+@pytest.mark.parametrize("max_candidates,blocks_per_program", [(8, 1), (2, 3), (0, 2)])
+def test_sampled_row_filter_gives_the_exact_tokens(wobble, max_candidates, blocks_per_program):
+    """Whatever approx the filter gets within its bound (wobble: each token's approx
+    pushed up or down by 0.9 x the absolute bound), the tokens are the reference's,
+    bit for bit, on rows built to stress it (``_filter_rows``); blocks with several
+    candidates take them one at a time (8) or compute every token's exact value (2, 0)."""
+    vocab, block, temperature = 3000, 1024, 0.37
+    base, seeds, positions, tie = _filter_rows(vocab, block, temperature)
+    head = DSparkMarkovHead(vocab, 2)
+    with torch.no_grad():
+        head.bias.weight.zero_()                    # bias exactly 0: logits == base
+        args = [t.to(DEVICE) for t in (base, torch.zeros(6, dtype=torch.int64))]
+        want = sample_sequential(*args, head.to(DEVICE), temperature, seeds.to(DEVICE),
+                                 positions.to(DEVICE))
+        got = sample_sequential_triton(
+            *args, head.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE),
+            block_v=block, max_candidates=max_candidates, blocks_per_program=blocks_per_program,
+            _approx_wobble=wobble * markov_triton.APPROX_ABS_BOUND)
+    assert want[2, 0].item() == tie[0] and want[4, 0].item() == 5 and want[5, 0].item() == 0
+    assert torch.equal(got, want), (got, want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

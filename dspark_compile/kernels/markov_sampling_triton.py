@@ -3,11 +3,24 @@
 ``sample_sequential_triton`` returns the same tokens, bit for bit, as
 ``models.markov_sampling.sample_sequential`` (the definition of correct): it
 calls the same ``markov_head(prev)`` for the bias, then one kernel per step
-reads ``base_logits[:, i]`` and the bias once, forms ``logits = base.float() +
-bias.float()``, and for sampled rows adds the noise of ``gumbel_noise``
-(regenerated in-kernel from (seed, position, token) with the same 32-bit hash,
-IEEE division by the temperature and, on CUDA, libdevice ``logf`` as torch
-uses). The first maximal index wins, as in ``torch.argmax``.
+reads ``base_logits[:, i]`` and the bias once and forms ``logits = base.float()
++ bias.float()``. Greedy rows take the argmax of the logits. Sampled rows take
+the argmax of ``exact = div_rn(logits, T) + g`` with ``g`` the noise of
+``gumbel_noise``, regenerated in-kernel from (seed, position, token) with the
+same 32-bit hash and, on CUDA, libdevice ``logf`` as torch uses. The first
+maximal index wins, as in ``torch.argmax``.
+
+Sampled rows filter before they compute ``exact``. Every token gets a cheap
+``approx = logits * (1/T) + g_fast`` (hardware ``lg2.approx``; a series for
+``-ln(u)`` when ``u`` is within 2**-8 of 1), with ``|approx - exact| <=
+_ABS + _REL * |approx|``. ``_ABS`` is 64x the largest noise error over all
+2**23 possible noise inputs (``gumbel_fast_error`` measures it; the tests
+check it, on the GPU too). A token whose upper bound lies below the block's
+best lower bound cannot win or tie, so only the few tokens left (at most
+``max_candidates``; typically one) get ``exact``, one at a time in index
+order. Blocks with more candidates, or with an approximate maximum that is
+not finite or beyond 2**100, compute ``exact`` for every token instead.
+Either way the block's (value, index) is the one ``exact`` defines.
 
 Each program reduces a ``BLOCK_V`` slice of one row to its best (value, index)
 and merges it into the row's winner with one 64-bit ``atomic_max`` on a key
@@ -31,8 +44,18 @@ from triton.language.extra import libdevice
 
 from dspark_compile.kernels.sampling_args import check_sampling_args
 
-BLOCK_V = 4096
-NUM_WARPS = 8
+BLOCK_V = 1024              # H200 sweep (benchmarks/results/2026-11-30-h200-session7.md)
+NUM_WARPS = 2
+MAX_CANDIDATES = 8
+BLOCKS_PER_PROGRAM = 4
+_NO_TOKEN = tl.constexpr(2147483647)
+_LN2 = tl.constexpr(0.6931471805599453)
+_SERIES_BELOW = tl.constexpr(2.0 ** -8)     # 1 - u below this: -ln(u) by its series
+NOISE_ERROR_LIMIT = 2.0 ** -13              # gumbel_fast_error() stays below this
+APPROX_ABS_BOUND = 4 * NOISE_ERROR_LIMIT     # bound on |approx - exact| besides _REL
+_ABS = tl.constexpr(APPROX_ABS_BOUND)
+_REL = tl.constexpr(2.0 ** -19)
+_FINITE_LIMIT = tl.constexpr(2.0 ** 100)
 
 
 @triton.jit
@@ -45,35 +68,190 @@ def _mix32(x):
     return x ^ (x >> 16)
 
 
+@triton.jit
+def _row_key(seed, position):
+    """The 32-bit noise key of (int64 seed, int64 position), as ``gumbel_noise``."""
+    key = seed.to(tl.uint32) ^ _mix32((seed >> 32).to(tl.uint32))
+    return _mix32(_mix32(key) ^ position.to(tl.uint32))
+
+
+@triton.jit
+def _noise_bits(key, tokens):
+    return _mix32(key + tokens.to(tl.uint32))
+
+
+@triton.jit
+def _gumbel_exact(bits, LIBDEVICE: tl.constexpr):
+    """``gumbel_noise``'s value for hash ``bits``, bit for bit."""
+    uniform = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+    if LIBDEVICE:
+        return -libdevice.log(-libdevice.log(uniform))
+    else:
+        return -tl.log(-tl.log(uniform))
+
+
+@triton.jit
+def _gumbel_fast(bits, LIBDEVICE: tl.constexpr):
+    """``_gumbel_exact(bits)`` within ``NOISE_ERROR_LIMIT`` (hardware log2 on CUDA)."""
+    one_to_two = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + k / 2**23
+    uniform = one_to_two - (1.0 - 1.0 / 16777216.0)                       # exact
+    below_one = 1.0 - uniform                              # exact where the series is used
+    # -log2(u) = (x + x**2/2 + x**3/3 + ...) / ln 2 for x = 1 - u; relative error < 2**-24
+    series = below_one * (1.0 / _LN2 + below_one * (0.5 / _LN2 + below_one * (1.0 / 3.0 / _LN2)))
+    if LIBDEVICE:
+        neg_log2_u = tl.where(below_one < _SERIES_BELOW, series, -libdevice.fast_log2f(uniform))
+        log2_neg_log = libdevice.fast_log2f(neg_log2_u)
+    else:
+        neg_log2_u = tl.where(below_one < _SERIES_BELOW, series, -tl.log2(uniform))
+        log2_neg_log = tl.log2(neg_log2_u)
+    # -ln(-ln u) = -ln(ln2 * (-log2 u)) = -ln2 * log2(-log2 u) - ln(ln2)
+    return log2_neg_log * (-_LN2) + 0.36651292058166435
+
+
+@triton.jit
+def _block_argmax(value, tokens):
+    """(max, first index of the max) of a block; ``value`` -inf off the vocabulary."""
+    best = tl.max(value, axis=0)
+    return best, tl.min(tl.where(value == best, tokens, _NO_TOKEN), axis=0)
+
+
+@triton.jit
+def _greedy_block_argmax(logits, tokens, in_vocab):
+    return _block_argmax(tl.where(in_vocab, logits + 0.0, float("-inf")), tokens)  # -0.0: +0.0
+
+
+@triton.jit
+def _exact_value(logit, token, key, temperature, LIBDEVICE: tl.constexpr):
+    """``div_rn(logit, T) + noise`` as the reference computes it; -0.0 made +0.0."""
+    return (tl.math.div_rn(logit, temperature)
+            + _gumbel_exact(_noise_bits(key, token), LIBDEVICE) + 0.0)
+
+
+@triton.jit
+def _approx_value(logits, bits, in_vocab, inverse_temperature, LIBDEVICE: tl.constexpr):
+    """``exact`` within ``_ABS + _REL * |approx|``; -inf off the vocabulary.
+    ``inverse_temperature`` is ``div_rn(1, T)``."""
+    approx = logits * inverse_temperature + _gumbel_fast(bits, LIBDEVICE)
+    return tl.where(in_vocab, approx, float("-inf"))
+
+
+@triton.jit
+def _merge(best, first, value, token):
+    """The better of two (value, token) pairs: larger value, then lower token."""
+    better = (value > best) | ((value == best) & (token < first))
+    return tl.where(better, value, best), tl.where(better, token, first)
+
+
+@triton.jit
+def _sampled_block_filter(approx, tokens):
+    """(candidate mask, candidate count, the token if there is exactly one) of a block:
+    the tokens whose ``exact`` may reach the block's maximum, given ``approx`` within
+    ``_ABS + _REL * |approx|`` of ``exact``. The count is 0 when the block's maximal
+    ``approx`` is not finite or beyond 2**100: the filter does not apply."""
+    top = tl.max(approx, axis=0)
+    # lower bounds rise with approx, so the block's best is top's; a token is a
+    # candidate when its upper bound reaches it (at -inf, -inf + inf is NaN: never,
+    # and its exact value is -inf too)
+    floor = top - 2.0 * _ABS - _REL * tl.abs(top)
+    floor = tl.where(tl.abs(top) < _FINITE_LIMIT, floor, float("nan"))  # NaN: no candidate
+    candidate = approx + _REL * tl.abs(approx) >= floor
+    # one reduction: 2**32 x (candidate count) + (sum of candidate tokens)
+    tally = tl.sum(tl.where(candidate, tokens.to(tl.int64) + 4294967296, 0), axis=0)
+    return candidate, (tally >> 32).to(tl.int32), (tally & 4294967295).to(tl.int32)
+
+
+@triton.jit
+def _candidates_argmax(candidate, tokens, row_logits, row_bias, key, temperature,
+                       LIBDEVICE: tl.constexpr):
+    """(max, first token of the max) of ``exact`` over the candidates, one at a time."""
+    best = tl.full([], float("-inf"), tl.float32)
+    first = tl.full([], _NO_TOKEN, tl.int32)
+    token = tl.min(tl.where(candidate, tokens, _NO_TOKEN), axis=0)
+    while token < _NO_TOKEN:                        # index order: a tie keeps the first
+        logit = (tl.load(row_logits + token).to(tl.float32)
+                 + tl.load(row_bias + token).to(tl.float32))
+        best, first = _merge(best, first,
+                             _exact_value(logit, token, key, temperature, LIBDEVICE), token)
+        token = tl.min(tl.where(candidate & (tokens > token), tokens, _NO_TOKEN), axis=0)
+    return best, first
+
+
 @triton.jit(do_not_specialize=["step"])
 def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, seed_ptr,
-                        pos_ptr, step, best_ptr, count_ptr, token_ptr, vocab,
-                        SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+                        pos_ptr, step, best_ptr, count_ptr, token_ptr, vocab, span,
+                        SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr,
+                        MAX_CANDIDATES: tl.constexpr, SLOTS: tl.constexpr,
+                        APPROX_WOBBLE: tl.constexpr):
+    """Program (row, part) reduces tokens ``[part * span, min((part + 1) * span, vocab))``
+    (``span`` = at most SLOTS blocks of BLOCK tokens) block by block, loading the next
+    block while it reduces one, then merges its (value, token) into the row's.
+
+    A sampled block whose filter leaves one candidate records that token in its slot;
+    the recorded tokens' exact values are computed together at the end. Blocks with
+    2..MAX_CANDIDATES candidates compute theirs one at a time; others every token's.
+    APPROX_WOBBLE (tests only; 0 otherwise) moves each approx up or down by that much,
+    to check that any approx within the bound gives the same tokens.
+    """
     row = tl.program_id(0).to(tl.int64)
-    tokens = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    in_vocab = tokens < vocab
-    logits = (tl.load(base_ptr + row * base_stride + tokens, mask=in_vocab, other=0.0)
-              .to(tl.float32)
-              + tl.load(bias_ptr + row * bias_stride + tokens, mask=in_vocab, other=0.0)
-              .to(tl.float32))
-    value = logits
+    start = tl.program_id(1) * span
+    stop = tl.minimum(start + span, vocab)
+    row_logits = base_ptr + row * base_stride
+    row_bias = bias_ptr + row * bias_stride
+    sampled = False
     if SAMPLE:
         temperature = tl.load(temp_ptr + row)
-        if temperature != 0.0:
-            seed = tl.load(seed_ptr + row).to(tl.int64)
-            key = seed.to(tl.uint32) ^ _mix32((seed >> 32).to(tl.uint32))
-            position = tl.load(pos_ptr + row).to(tl.int64) + step
-            key = _mix32(_mix32(key) ^ position.to(tl.uint32))
-            bits = _mix32(key + tokens.to(tl.uint32))
-            uniform = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-            if LIBDEVICE:
-                noise = -libdevice.log(-libdevice.log(uniform))
+        sampled = temperature != 0.0
+        inverse_temperature = tl.math.div_rn(1.0, temperature)
+        key = _row_key(tl.load(seed_ptr + row).to(tl.int64),
+                       tl.load(pos_ptr + row).to(tl.int64) + step)
+    best = tl.full([], float("-inf"), tl.float32)
+    first = tl.full([], _NO_TOKEN, tl.int32)
+    slots = tl.arange(0, SLOTS)
+    recorded = tl.full([SLOTS], _NO_TOKEN, tl.int32)
+    tokens = start + tl.arange(0, BLOCK)
+    base = tl.load(row_logits + tokens, mask=tokens < stop, other=0.0)
+    bias = tl.load(row_bias + tokens, mask=tokens < stop, other=0.0)
+    for slot in range(0, tl.cdiv(stop - start, BLOCK)):
+        in_vocab = tokens < stop
+        logits = base.to(tl.float32) + bias.to(tl.float32)
+        next_tokens = tokens + BLOCK                          # prefetch the next block
+        base = tl.load(row_logits + next_tokens, mask=next_tokens < stop, other=0.0)
+        bias = tl.load(row_bias + next_tokens, mask=next_tokens < stop, other=0.0)
+        if SAMPLE:
+            if sampled:
+                bits = _noise_bits(key, tokens)
+                approx = _approx_value(logits, bits, in_vocab, inverse_temperature, LIBDEVICE)
+                if APPROX_WOBBLE != 0.0:
+                    sign = (_mix32(tokens.to(tl.uint32) ^ 0x9E3779B9) & 1).to(tl.float32)
+                    approx += (2.0 * sign - 1.0) * APPROX_WOBBLE
+                candidate, count, single = _sampled_block_filter(approx, tokens)
+                if count == 1:
+                    recorded = tl.where(slots == slot, single, recorded)
+                elif (count > 1) & (count <= MAX_CANDIDATES):
+                    block_best, block_first = _candidates_argmax(
+                        candidate, tokens, row_logits, row_bias, key, temperature, LIBDEVICE)
+                    best, first = _merge(best, first, block_best, block_first)
+                else:
+                    exact = tl.math.div_rn(logits, temperature) + _gumbel_exact(bits, LIBDEVICE)
+                    block_best, block_first = _block_argmax(
+                        tl.where(in_vocab, exact + 0.0, float("-inf")), tokens)
+                    best, first = _merge(best, first, block_best, block_first)
             else:
-                noise = -tl.log(-tl.log(uniform))
-            value = tl.math.div_rn(logits, temperature) + noise
-    value = tl.where(in_vocab, value + 0.0, float("-inf"))     # + 0.0: -0.0 ties +0.0
-    best = tl.max(value, axis=0)
-    first = tl.min(tl.where(value == best, tokens, 2147483647), axis=0)
+                block_best, block_first = _greedy_block_argmax(logits, tokens, in_vocab)
+                best, first = _merge(best, first, block_best, block_first)
+        else:
+            block_best, block_first = _greedy_block_argmax(logits, tokens, in_vocab)
+            best, first = _merge(best, first, block_best, block_first)
+        tokens = next_tokens
+    if SAMPLE:
+        if sampled:                                   # the recorded candidates, together
+            valid = recorded < _NO_TOKEN
+            logit = (tl.load(row_logits + recorded, mask=valid, other=0.0).to(tl.float32)
+                     + tl.load(row_bias + recorded, mask=valid, other=0.0).to(tl.float32))
+            exact = tl.where(valid, _exact_value(logit, recorded, key, temperature, LIBDEVICE),
+                             float("-inf"))
+            block_best, block_first = _block_argmax(exact, recorded)
+            best, first = _merge(best, first, block_best, block_first)
     bits = best.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
     low = tl.full([], 4294967295, dtype=tl.int64) - first.to(tl.int64)
@@ -85,21 +263,54 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
         tl.store(token_ptr + row, 4294967295 - (winner & 4294967295))
 
 
+@triton.jit
+def _noise_error_kernel(error_ptr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    draws = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)      # the 23 bits u is made of
+    bits = draws.to(tl.uint32) << 9
+    error = tl.abs(_gumbel_fast(bits, LIBDEVICE) - _gumbel_exact(bits, LIBDEVICE))
+    tl.store(error_ptr + tl.program_id(0), tl.max(error, axis=0))
+
+
+def gumbel_fast_error(device: Union[str, torch.device] = "cuda") -> float:
+    """Largest ``|g_fast - g_exact|`` over all 2**23 noise inputs, as compiled for ``device``.
+
+    The filter of sampled rows is exact only while this stays below
+    ``NOISE_ERROR_LIMIT``; it is a property of the device's ``lg2.approx``.
+    """
+    block = 1 << 14
+    errors = torch.empty((1 << 23) // block, dtype=torch.float32, device=device)
+    _noise_error_kernel[(errors.numel(),)](errors, LIBDEVICE=errors.device.type == "cuda",
+                                           BLOCK=block)
+    return float(errors.max())
+
+
 def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                              markov_head: nn.Module, temperature: Union[float, torch.Tensor],
                              seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
                              *, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
-                             ) -> torch.Tensor:
+                             max_candidates: int = MAX_CANDIDATES,
+                             blocks_per_program: int = BLOCKS_PER_PROGRAM,
+                             _approx_wobble: float = 0.0) -> torch.Tensor:
     """``sample_sequential`` with one fused kernel per step; ``[R, N]`` int64 tokens.
 
-    ``block_v`` (a power of two >= 128) vocabulary entries per program and
-    ``num_warps`` (1, 2, 4, 8 or 16) are launch knobs; the tokens do not
-    depend on them.
+    Launch knobs (the tokens do not depend on them): ``block_v`` (a power of
+    two >= 128) vocabulary entries per block, ``blocks_per_program`` (an int >= 1)
+    blocks reduced in turn by one program, ``num_warps`` (1, 2, 4, 8 or 16) and
+    ``max_candidates`` (an int >= 0: a block whose filter leaves more than one
+    candidate computes them one at a time if there are at most this many, else
+    every token's exact value). ``_approx_wobble`` is for tests (module docstring).
     """
     if not isinstance(block_v, int) or block_v < 128 or block_v & (block_v - 1):
         raise ValueError(f"block_v={block_v!r} is invalid: expected a power of two >= 128")
     if num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps={num_warps!r} is invalid: expected 1, 2, 4, 8 or 16")
+    if not isinstance(max_candidates, int) or isinstance(max_candidates, bool) \
+            or max_candidates < 0:
+        raise ValueError(f"max_candidates={max_candidates!r} is invalid: expected an int >= 0")
+    if not isinstance(blocks_per_program, int) or isinstance(blocks_per_program, bool) \
+            or blocks_per_program < 1:
+        raise ValueError(f"blocks_per_program={blocks_per_program!r} is invalid: expected an "
+                         f"int >= 1")
     temperature, positions, greedy_only = check_sampling_args(base_logits, anchor_tokens,
                                                               temperature, seeds, positions)
     num_reqs, num_steps, vocab = base_logits.shape
@@ -115,7 +326,8 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     arrivals = torch.zeros((num_steps, num_reqs), dtype=torch.int32, device=device)
     tokens = torch.empty((num_steps, num_reqs), dtype=torch.int64, device=device)
     prev = anchor_tokens.to(torch.int64)
-    grid = (num_reqs, triton.cdiv(vocab, block_v))
+    span = block_v * blocks_per_program
+    grid = (num_reqs, triton.cdiv(vocab, span))
     step_views = zip(base_logits.unbind(1), packed.unbind(0), arrivals.unbind(0),
                      tokens.unbind(0))                       # host: one call per tensor
     for step, (step_base, step_best, step_arrivals, step_tokens) in enumerate(step_views):
@@ -126,8 +338,9 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
         bias = bias if bias.stride(1) == 1 else bias.contiguous()
         _markov_step_kernel[grid](
             step_base, base_logits.stride(0), bias, bias.stride(0), temperature,
-            seeds, positions, step, step_best, step_arrivals, step_tokens, vocab,
+            seeds, positions, step, step_best, step_arrivals, step_tokens, vocab, span,
             SAMPLE=not greedy_only, LIBDEVICE=device.type == "cuda", BLOCK=block_v,
-            num_warps=num_warps)
+            MAX_CANDIDATES=max_candidates, SLOTS=triton.next_power_of_2(blocks_per_program),
+            APPROX_WOBBLE=float(_approx_wobble), num_warps=num_warps)
         prev = step_tokens
     return tokens.t().contiguous()
