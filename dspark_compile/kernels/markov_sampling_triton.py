@@ -11,21 +11,25 @@ same 32-bit hash and, on CUDA, libdevice ``logf`` as torch uses. The first
 maximal index wins, as in ``torch.argmax``.
 
 Sampled rows filter before they compute ``exact``. Every token gets a cheap
-``approx = logits * (1/T) + g_fast`` (hardware ``lg2.approx``; a series for
-``-ln(u)`` when ``u`` is within 2**-8 of 1), with ``|approx - exact| <=
-_ABS + _REL * |approx|``. ``_ABS`` is 64x the largest noise error over all
-2**23 possible noise inputs (``gumbel_fast_error`` measures it; the tests
-check it, on the GPU too). A token whose upper bound lies below the block's
-best lower bound cannot win or tie, so only the few tokens left (at most
-``max_candidates``; typically one) get ``exact``, one at a time in index
-order. Blocks with more candidates, or with an approximate maximum that is
-not finite or beyond 2**100, compute ``exact`` for every token instead.
-Either way the block's (value, index) is the one ``exact`` defines.
+``approx = logits * div_rn(1, T) + g_fast`` (hardware ``lg2.approx``; a series
+for ``-ln(u)`` when ``u`` is within 2**-8 of 1), with ``|approx - exact| <=
+_ABS + _REL * |approx|``: ``_ABS`` is 4x ``NOISE_ERROR_LIMIT``, which bounds the
+noise error over all 2**23 possible noise inputs (``gumbel_fast_error``
+measures it; a test checks it on the device it runs on), and ``_REL`` (2**-19)
+covers the roundings of ``1/T``, the product and the sums (3 x 2**-24 of
+``|logits / T|``). A token whose upper bound lies below the block's best lower
+bound cannot win or tie (docs/design.md, "DSpark indices"). A block with one
+candidate (typically) records it, and the recorded tokens get ``exact``
+together at the program's end; 2..``max_candidates`` candidates get it one at a
+time in index order; a block with more, or whose maximal ``approx`` is not
+finite or beyond 2**100, computes it for every token. Either way the program's
+(value, index) is the one ``exact`` defines.
 
-Each program reduces a ``BLOCK_V`` slice of one row to its best (value, index)
-and merges it into the row's winner with one 64-bit ``atomic_max`` on a key
-that orders by value, then by lower index. The row's last program to finish
-(an ``atomic_add`` counter, acquire-release) decodes the winner and writes the
+Program (row, part) reduces ``blocks_per_program`` blocks of ``BLOCK_V`` tokens
+in turn (loading the next while it reduces one) and merges its best (value,
+index) into the row's winner with one 64-bit ``atomic_max`` on a key that
+orders by value, then by lower index. The row's last program to finish (an
+``atomic_add`` counter, acquire-release) decodes the winner and writes the
 token, which is the next step's ``prev``: one launch per step besides the
 head. No host synchronisation: the whole draft block captures as one CUDA
 graph. Logits must not hold NaN (``torch.argmax`` would pick the NaN; this
@@ -298,7 +302,7 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     blocks reduced in turn by one program, ``num_warps`` (1, 2, 4, 8 or 16) and
     ``max_candidates`` (an int >= 0: a block whose filter leaves more than one
     candidate computes them one at a time if there are at most this many, else
-    every token's exact value). ``_approx_wobble`` is for tests (module docstring).
+    every token's exact value). ``_approx_wobble`` is for tests (``_markov_step_kernel``).
     """
     if not isinstance(block_v, int) or block_v < 128 or block_v & (block_v - 1):
         raise ValueError(f"block_v={block_v!r} is invalid: expected a power of two >= 128")
