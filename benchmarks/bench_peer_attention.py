@@ -2,7 +2,7 @@
 
     python benchmarks/bench_peer_attention.py [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
         [--window 2048] [--out DIR] [--configs "default;ppsm=4;bn=32,stages=4;..."]
-        [--flush write|read]
+        [--flush write|read] [--layers 4]
 
 Per case (batch x context x query tokens; Hq 32 / Hkv 8, D 128, bf16, b=16,
 all requests at the same length; decode is q_len 1, a 16-token block is a
@@ -18,7 +18,14 @@ non-causal DFlash/DSpark block):
 - ours, windowed in-kernel: ``dspark.paged_attention(..., window_size=W)`` on
   the FULL table, the kernel applying the same window itself (one launch);
 - FlexAttention, windowed: ``flex_attention`` (compiled) on the dense copy with
-  a block mask that keeps the same ``[start, S)`` range.
+  a block mask that keeps the same ``[start, S)`` range;
+- ours, windowed, per layer of an N-layer draft step (``--layers N``, default 4,
+  0 or 1: off): one graph holding what a draft step with N attention layers
+  launches (each layer has its own KV cache, all share the block table): the
+  two-launch form (window metadata once, then N attentions) and the in-kernel
+  form (N attentions); time / N. A one-call replay above also times the graph
+  launch itself (an empty replay's ~4.5 us); a draft step pays that once, not
+  per layer.
 
 Each is checked against its partner (ours full vs SDPA, ours windowed vs Flex)
 before timing. Times: CUDA-graph replays, median of ``triton.testing.do_bench``
@@ -139,7 +146,7 @@ def rel_err(got, want) -> float:
 
 
 def run_case(batch: int, context: int, q_len: int, window: int,
-             configs: list[tuple[str, dict]] = ()) -> dict:
+             configs: list[tuple[str, dict]] = (), layers: int = 0) -> dict:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from dspark_compile.kernels.window_metadata import window_metadata_triton
@@ -206,6 +213,9 @@ def run_case(batch: int, context: int, q_len: int, window: int,
     log(f"case {batch}x{context}x{q_len}: ours full {res['ours_full_us']:.1f} us, SDPA dense "
         f"{res['sdpa_full_us']:.1f} us (err {res['err_full_vs_sdpa']:.1e}), ours windowed "
         f"{res['ours_windowed_us']:.1f} us")
+    if layers > 1:
+        res.update(time_layers(layers, query, key_cache, value_cache, table, seq_lens, qsl,
+                               scale, causal, window, ours_windowed(), ours_in_kernel()))
     if configs:
         res["sweep"] = sweep_case(configs, query, key_cache, value_cache, table, seq_lens, qsl,
                                   scale, causal, window, start)
@@ -228,6 +238,40 @@ def run_case(batch: int, context: int, q_len: int, window: int,
         log(f"  flex failed: {res['flex_error']}")
     del key_cache, value_cache, k_dense, v_dense
     torch.cuda.empty_cache()
+    return res
+
+
+def time_layers(layers, query, key_cache, value_cache, table_, seq_lens, qsl, scale, causal,
+                window, want_windowed, want_in_kernel) -> dict:
+    """Per-layer times of the windowed forms inside one N-layer graph (module
+    docstring): layer 0 reads the case's caches, layers 1.. fresh random ones;
+    layer 0's output must equal the one-call output bit for bit."""
+    from dspark_compile.kernels.window_metadata import window_metadata_triton
+
+    caches = [(key_cache, value_cache)] + [
+        (torch.randn_like(key_cache), torch.randn_like(value_cache)) for _ in range(layers - 1)]
+
+    def attention(k, v, tbl, lens, **kw):
+        return torch.ops.dspark.paged_attention(query, k, v, tbl, lens, qsl, scale, causal, **kw)
+
+    def windowed_step():
+        lens, _, win_table = window_metadata_triton(seq_lens, table_, window, BLOCK)
+        return [attention(k, v, win_table, lens) for k, v in caches]
+
+    def in_kernel_step():
+        return [attention(k, v, table_, seq_lens, window_size=window) for k, v in caches]
+
+    for name, step, want in (("windowed", windowed_step, want_windowed),
+                             ("in_kernel", in_kernel_step, want_in_kernel)):
+        if not torch.equal(step()[0], want):
+            raise AssertionError(f"{name}: layer 0 of the {layers}-layer step differs from "
+                                 f"the one-call output")
+    res = {"layers": layers,
+           "windowed_per_layer_us": graph_ms(windowed_step) * 1e3 / layers,
+           "in_kernel_per_layer_us": graph_ms(in_kernel_step) * 1e3 / layers}
+    log(f"  {layers}-layer step, per layer: windowed {res['windowed_per_layer_us']:.1f} us, "
+        f"in-kernel {res['in_kernel_per_layer_us']:.1f} us")
+    del caches
     return res
 
 
@@ -340,7 +384,8 @@ def table(results: list[dict]) -> str:
     headers = ["case", "ours full us (GB/s)", "SDPA dense full us (GB/s)", "ours / SDPA BW",
                "ours windowed us", "windowed bound us", "windowed / bound",
                "ours windowed in-kernel us (one launch)", "in-kernel / bound",
-               "FlexAttention windowed us", "ours vs Flex"]
+               "FlexAttention windowed us", "ours vs Flex",
+               "per layer of an N-layer step: windowed / in-kernel us (x bound)"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for r in results:
         ours_bw = r["full_MB"] / r["ours_full_us"] * 1e3
@@ -356,7 +401,11 @@ def table(results: list[dict]) -> str:
             f"{r['ours_in_kernel_us'] / bound:.2f}x" if "ours_in_kernel_us" in r else "n/a",
             f"{flex:.1f}" if flex else r.get("flex_error", "n/a"),
             f"{flex / min(r['ours_windowed_us'], r.get('ours_in_kernel_us', 1e30)):.2f}x "
-            "faster (our best)" if flex else "n/a"]) + " |")
+            "faster (our best)" if flex else "n/a",
+            (f"N={r['layers']}: {r['windowed_per_layer_us']:.1f} "
+             f"({r['windowed_per_layer_us'] / bound:.2f}x) / {r['in_kernel_per_layer_us']:.1f} "
+             f"({r['in_kernel_per_layer_us'] / bound:.2f}x)") if "layers" in r else "n/a"])
+                     + " |")
     return (f"Read ceiling (SDPA dense, best case): {ceiling:.0f} GB/s.\n\n"
             + "\n".join(lines) + "\n" + sweep_table(results, ceiling))
 
@@ -373,7 +422,12 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default="",
                         help="launch candidates for our kernel, ';'-separated (see the module "
                              "docstring); e.g. 'default;ppsm=4;bn=32,stages=4;default'")
+    parser.add_argument("--layers", type=int, default=4,
+                        help="also time the windowed forms per layer of an N-layer draft step "
+                             "(one graph, one KV cache per layer; 0 or 1: off)")
     args = parser.parse_args(argv)
+    if args.layers < 0:
+        parser.error(f"--layers={args.layers} is invalid: expected an int >= 0")
     configs = parse_configs(args.configs)
     FLUSH["mode"] = args.flush
     if not torch.cuda.is_available():
@@ -387,19 +441,22 @@ def main(argv=None) -> int:
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "python": platform.python_version()}
     env["flush"] = args.flush
+    env["layers"] = args.layers
     env["empty_graph_us"] = empty_graph_us()
     log(f"L2 flush by {args.flush}; an empty graph replay measures {env['empty_graph_us']:.1f} us")
     results = []
     for case in args.cases.split(","):
         batch, context, q_len = (int(v) for v in case.split("x"))
         try:
-            results.append(run_case(batch, context, q_len, args.window, configs))
+            results.append(run_case(batch, context, q_len, args.window, configs, args.layers))
         except Exception as exc:
             log(f"case {case} failed: {exc!r}")
         text = (f"# Peer attention, {env['date']}, {env['device']}, torch {env['torch']}, "
                 f"triton {env['triton']}\n\nHq {HQ} / Hkv {HKV}, D {D}, bf16, b={BLOCK}, "
                 f"W={args.window}; CUDA-graph replay, L2 flushed by {args.flush} (an empty "
-                f"graph replay: {env['empty_graph_us']:.1f} us), KV bytes counted once.\n\n"
+                f"graph replay: {env['empty_graph_us']:.1f} us), KV bytes counted once; "
+                f"last column: one graph per {args.layers}-layer draft step (one KV cache "
+                f"per layer), time / {args.layers}.\n\n"
                 + (table(results) if results else "no case ran\n"))
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "peer_attention.md"), "w") as handle:

@@ -138,3 +138,42 @@ def test_peer_sweep_checks_each_candidate_and_tabulates(q_len, monkeypatch):
               "sdpa_full_us": 2.0, "sweep": rows}
     text = bench.sweep_table([result], ceiling=1000.0)
     assert text.count("\n| ") == 4 and "| 1: ppsm=1,exact=1,heads=1 | 1.0 (200%) |" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="runs the kernels on CPU tensors in the Triton interpreter; on a GPU "
+                           "the benchmark itself runs it")
+def test_peer_layer_step_times_per_layer_and_checks_layer_zero(monkeypatch):
+    """The N-layer step at a toy size on the CPU (CUDA-graph timing stubbed): the
+    graph's time is divided by N, and layer 0 must equal the one-call output."""
+    bench = _load("bench_peer_attention")
+    timed = []
+
+    def graph_ms(fn):
+        outs = fn()
+        timed.append(len(outs))
+        return 0.004
+    monkeypatch.setattr(bench, "graph_ms", graph_ms)
+    gen = torch.Generator().manual_seed(1)
+    batch, context, window, hkv, dim = 2, 80, 32, 2, 16
+    blocks = context // bench.BLOCK
+    kc = torch.randn(batch * blocks + 3, bench.BLOCK, hkv, dim, generator=gen)
+    vc = torch.randn(kc.shape, generator=gen)
+    table = torch.randperm(kc.shape[0], generator=gen)[:batch * blocks].view(batch, blocks)
+    table = table.to(torch.int32)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32)
+    qsl = torch.arange(batch + 1, dtype=torch.int32)
+    query = torch.randn(batch, 8, dim, generator=gen)
+    in_kernel = torch.ops.dspark.paged_attention(query, kc, vc, table, seq_lens, qsl, 0.25, True,
+                                                 window_size=window)
+    from dspark_compile.kernels.window_metadata import window_metadata_triton
+    lens, _, win_table = window_metadata_triton(seq_lens, table, window, bench.BLOCK)
+    windowed = torch.ops.dspark.paged_attention(query, kc, vc, win_table, lens, qsl, 0.25, True)
+    res = bench.time_layers(3, query, kc, vc, table, seq_lens, qsl, 0.25, True, window,
+                            windowed, in_kernel)
+    assert timed == [3, 3]
+    assert res == {"layers": 3, "windowed_per_layer_us": pytest.approx(4 / 3),
+                   "in_kernel_per_layer_us": pytest.approx(4 / 3)}
+    with pytest.raises(AssertionError, match="in_kernel: layer 0 of the 2-layer step differs"):
+        bench.time_layers(2, query, kc, vc, table, seq_lens, qsl, 0.25, True, window,
+                          windowed, in_kernel + 1e-3)
