@@ -1,0 +1,301 @@
+"""Gluon (Hopper, sm_90) sparse MLA attention for groups of query tokens sharing one index row.
+
+Semantics: ``sparse_mla.sparse_mla_attention_ref``; same signature and return as
+``sparse_mla_grouped_triton.grouped_sparse_mla_attention_triton``.
+
+Shapes and dtypes handled here (anything else falls back, see below):
+
+- ``query [T, H, 576]`` bf16 or fp16 (512 latent channels + 64 rope), ``H % 16 == 0``;
+- ``kv_cache [num_blocks, block_size, 576]`` same dtype (slot ``s`` is row ``s`` of
+  ``kv_cache.reshape(-1, 576)``), ``kv_lora_rank == 512``;
+- ``indices [T, width]`` int32, ``-1`` = hole (never read), any ``width >= 1``;
+- returns ``out [T, H, 512]`` in the query's dtype; fp32 softmax and accumulation.
+
+A program owns ``GROUP = 4`` consecutive tokens x 16 heads, i.e. a ``[64, 576]`` query
+tile held in shared memory. It first compares the 4 tokens' index rows (index bytes
+only). If they are all equal (every token of a DSpark non-causal block has the same
+row) it walks the row in tiles of 64 slots: each KV tile ``[64, 576]`` is gathered
+through the indices with ``cp.async`` into a 3-deep shared-memory ring (holes and
+columns past ``width`` are zero-filled, never read, and masked to ``-inf``), and
+eight warps (two warpgroups; each owns half of the score columns and half of the 512
+value columns) run asynchronous ``wgmma``: ``S_j = Q K_j^T`` is issued together with
+``O += P_{j-1} V_{j-1}``, and the online softmax of tile ``j`` runs while the tensor
+cores finish ``P_{j-1} V_{j-1}`` (FlashAttention-3 style intra-warpgroup overlap).
+``P`` goes through shared memory (bf16/fp16, as the Triton kernels' ``tl.dot`` does).
+
+Groups whose rows differ (causal rows, a group straddling two requests) are marked in a
+flag array and left to the per-token Triton kernel (``launch_per_token``), exactly as
+the grouped Triton kernel does; no host synchronisation.
+
+Falls back to ``grouped_sparse_mla_attention_triton`` (same result) when: the device is
+not CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the
+dtype is not bf16/fp16; the head dim is not 576 with ``kv_lora_rank`` 512; ``H`` is
+not a multiple of 16; or the kernel's launch fails to compile (logged once). Nothing
+here splits the index columns over programs, so a batch of few groups uses few SMs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import triton
+
+from dspark_compile.kernels.sparse_mla import check_sparse_mla_args
+from dspark_compile.kernels.sparse_mla_grouped_triton import grouped_sparse_mla_attention_triton
+from dspark_compile.kernels.sparse_mla_triton import launch_per_token
+
+logger = logging.getLogger(__name__)
+
+try:  # Gluon's Hopper API (written against triton 3.6)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
+    HAVE_GLUON = True
+except Exception:  # noqa: BLE001 - any import problem means: use the Triton kernel
+    HAVE_GLUON = False
+
+LORA = 512
+ROPE = 64
+BLOCK_H = 16
+GROUP = 4
+BLOCK_N = 64
+STAGES = 2
+SCAN = 1024
+NUM_WARPS = 8
+
+_failed: set = set()
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _issue_kv_tile(kv_ptr, kv_stride, slot_l, slot_r, kl_buf, kr_buf,
+                       LAT_L: gl.constexpr, ROPE_L: gl.constexpr, LORA: gl.constexpr,
+                       ROPE: gl.constexpr):
+        # slot_l: [BLOCK_N] slots in SliceLayout(1, LAT_L); slot_r: same in SliceLayout(1, ROPE_L).
+        # Holes / past-the-end columns carry -1: masked, so zero-filled and never read.
+        lat = gl.arange(0, LORA, layout=gl.SliceLayout(0, LAT_L))
+        rows_l = kv_ptr + gl.where(slot_l >= 0, slot_l, 0).to(gl.int64) * kv_stride
+        ptr_l = gl.expand_dims(rows_l, 1) + gl.expand_dims(lat, 0)
+        mask_l = gl.expand_dims(slot_l >= 0, 1) & gl.expand_dims(lat < LORA, 0)
+        async_copy.async_copy_global_to_shared(kl_buf, ptr_l, mask=mask_l)
+        rope = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROPE_L))
+        rows_r = kv_ptr + LORA + gl.where(slot_r >= 0, slot_r, 0).to(gl.int64) * kv_stride
+        ptr_r = gl.expand_dims(rows_r, 1) + gl.expand_dims(rope, 0)
+        mask_r = gl.expand_dims(slot_r >= 0, 1) & gl.expand_dims(rope < ROPE, 0)
+        async_copy.async_copy_global_to_shared(kr_buf, ptr_r, mask=mask_r)
+
+    @gluon.jit
+    def _load_slots(idx_row, start, width, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        col = start + gl.arange(0, BLOCK_N, layout=layout)
+        return gl.load(idx_row + col, mask=col < width, other=-1)
+
+    @gluon.jit
+    def _gluon_sparse_mla_kernel(
+            q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride,
+            out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_tokens, width, qk_scale,
+            LORA: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
+            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCAN: gl.constexpr):
+        gl.static_assert(STAGES == 2, "the ring's reuse pattern below assumes 2 stages")
+        BLOCK_M: gl.constexpr = GROUP * BLOCK_H
+        NW: gl.constexpr = gl.num_warps()
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        pid_g = gl.program_id(0)
+        pid_h = gl.program_id(1)
+        t0 = pid_g * GROUP
+
+        # ---- pre-scan: do the GROUP tokens list the same slots? -----------------------
+        scan_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, NW], [1, 0])
+        g_tok = t0 + gl.arange(0, GROUP, layout=gl.SliceLayout(1, scan_l))
+        g_valid = g_tok < num_tokens
+        idx_row = idx_ptr + t0.to(gl.int64) * idx_stride
+        differ = gl.zeros([GROUP, SCAN], gl.int32, scan_l)
+        for start in range(0, width, SCAN):
+            col = start + gl.arange(0, SCAN, layout=gl.SliceLayout(0, scan_l))
+            lead = gl.load(idx_row + col, mask=col < width, other=-1)
+            tile_mask = gl.expand_dims(g_valid, 1) & gl.expand_dims(col < width, 0)
+            tile = gl.load(idx_ptr + gl.expand_dims(g_tok.to(gl.int64) * idx_stride, 1)
+                           + gl.expand_dims(col, 0), mask=tile_mask, other=-1)
+            differ += ((tile != gl.expand_dims(lead, 0)) & tile_mask).to(gl.int32)
+        n_differ = gl.sum(gl.sum(differ, axis=1), axis=0)
+        if pid_h == 0:
+            gl.store(mixed_ptr + pid_g, (n_differ != 0).to(gl.int32))
+        if n_differ == 0:
+            # ---- layouts ---------------------------------------------------------------
+            lat_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
+            rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+            s_l: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, BLOCK_N // (NW // 4), 16])
+            o_l: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, LORA // (NW // 4), 16])
+            big_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, LORA], dtype)
+            small_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], dtype)
+            p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+            kl_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, LORA], dtype)
+            kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], dtype)
+            q_lat_s = gl.allocate_shared_memory(dtype, [BLOCK_M, LORA], big_sl)
+            q_rope_s = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE], small_sl)
+            kl_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, LORA], kl_sl)
+            kr_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE], kr_sl)
+            p_s = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+
+            # ---- query tile (rows: token-major, head-minor), async copy -----------------
+            r_l = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, lat_l))
+            tok_l = t0 + r_l // BLOCK_H
+            qrow_l = q_ptr + tok_l.to(gl.int64) * q_stride_t \
+                + (pid_h * BLOCK_H + r_l % BLOCK_H).to(gl.int64) * q_stride_h
+            lat = gl.arange(0, LORA, layout=gl.SliceLayout(0, lat_l))
+            async_copy.async_copy_global_to_shared(
+                q_lat_s, gl.expand_dims(qrow_l, 1) + gl.expand_dims(lat, 0),
+                mask=gl.expand_dims(tok_l < num_tokens, 1) & gl.expand_dims(lat < LORA, 0))
+            r_r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rope_l))
+            tok_r = t0 + r_r // BLOCK_H
+            qrow_r = q_ptr + LORA + tok_r.to(gl.int64) * q_stride_t \
+                + (pid_h * BLOCK_H + r_r % BLOCK_H).to(gl.int64) * q_stride_h
+            rope = gl.arange(0, ROPE, layout=gl.SliceLayout(0, rope_l))
+            async_copy.async_copy_global_to_shared(
+                q_rope_s, gl.expand_dims(qrow_r, 1) + gl.expand_dims(rope, 0),
+                mask=gl.expand_dims(tok_r < num_tokens, 1) & gl.expand_dims(rope < ROPE, 0))
+
+            sl_lat: gl.constexpr = gl.SliceLayout(1, lat_l)
+            sl_rope: gl.constexpr = gl.SliceLayout(1, rope_l)
+            sl_col: gl.constexpr = gl.SliceLayout(0, s_l)
+            n_tiles = gl.cdiv(width, BLOCK_N)
+            # tile 0 into stage 0 (the query travels in the same commit group)
+            _issue_kv_tile(kv_ptr, kv_stride, _load_slots(idx_row, 0, width, BLOCK_N, sl_lat),
+                           _load_slots(idx_row, 0, width, BLOCK_N, sl_rope),
+                           kl_s.index(0), kr_s.index(0), lat_l, rope_l, LORA, ROPE)
+            async_copy.commit_group()
+            nxt_l = _load_slots(idx_row, BLOCK_N, width, BLOCK_N, sl_lat)
+            nxt_r = _load_slots(idx_row, BLOCK_N, width, BLOCK_N, sl_rope)
+            live = _load_slots(idx_row, 0, width, BLOCK_N, sl_col) >= 0
+            async_copy.wait_group(0)
+            fence_async_shared()
+            gl.thread_barrier()
+
+            # ---- tile 0: scores; tile 1 starts loading into stage 1 -----------------------
+            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_l)
+            s_tok = warpgroup_mma(q_lat_s, kl_s.index(0).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_rope_s, kr_s.index(0).permute((1, 0)), s_tok, is_async=True)
+            _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(1), kr_s.index(1),
+                           lat_l, rope_l, LORA, ROPE)
+            async_copy.commit_group()
+            s = warpgroup_mma_wait(0, deps=[s_tok])
+            s = gl.where(gl.expand_dims(live, 0), s * qk_scale, float("-inf"))
+            m_i = gl.max(s, axis=1)
+            m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
+            p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+            l_acc = p
+            acc = gl.zeros([BLOCK_M, LORA], gl.float32, o_l)
+            p_s.store(p.to(dtype))
+            fence_async_shared()
+
+            # ---- steady state, per tile j (2-stage ring; stage of tile j is j % 2):
+            # O += P_{j-1} V_{j-1} runs while tile j lands; S_j = Q K_j^T follows; once
+            # both warpgroups are done with V_{j-1} its stage takes tile j+1, whose copy
+            # then overlaps S_j, the softmax and the next P V.
+            for j in range(1, n_tiles):
+                cur = j % STAGES
+                prv = (j + STAGES - 1) % STAGES
+                nxt_l = _load_slots(idx_row, (j + 1) * BLOCK_N, width, BLOCK_N, sl_lat)
+                nxt_r = _load_slots(idx_row, (j + 1) * BLOCK_N, width, BLOCK_N, sl_rope)
+                live = _load_slots(idx_row, j * BLOCK_N, width, BLOCK_N, sl_col) >= 0
+                gl.thread_barrier()                 # P_{j-1} visible to both warpgroups
+                o_tok = warpgroup_mma(p_s, kl_s.index(prv), acc, is_async=True)
+                async_copy.wait_group(0)            # tile j landed (own copies)
+                fence_async_shared()
+                gl.thread_barrier()                 # ... and everyone's
+                s_tok = warpgroup_mma(q_lat_s, kl_s.index(cur).permute((1, 0)), s_zero,
+                                      use_acc=False, is_async=True)
+                s_tok = warpgroup_mma(q_rope_s, kr_s.index(cur).permute((1, 0)), s_tok,
+                                      is_async=True)
+                acc = warpgroup_mma_wait(2, deps=[o_tok])
+                gl.thread_barrier()                 # both warpgroups done with stage prv, P
+                _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(prv),
+                               kr_s.index(prv), lat_l, rope_l, LORA, ROPE)
+                async_copy.commit_group()
+                s = warpgroup_mma_wait(0, deps=[s_tok])
+                s = gl.where(gl.expand_dims(live, 0), s * qk_scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, axis=1))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+                alpha = gl.exp2(m_i - m_safe)
+                l_acc = l_acc * gl.expand_dims(alpha, 1) + p
+                m_i = m_new
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), 1)
+                p_s.store(p.to(dtype))
+                fence_async_shared()
+
+            gl.thread_barrier()
+            last = (n_tiles + STAGES - 1) % STAGES
+            acc = warpgroup_mma(p_s, kl_s.index(last), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            async_copy.wait_group(0)
+            l_i = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_l))
+            safe_l = gl.where(l_i > 0, l_i, 1.0)
+            out = acc / gl.expand_dims(safe_l, 1)
+            r_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))
+            tok_o = t0 + r_o // BLOCK_H
+            orow = out_ptr + tok_o.to(gl.int64) * out_stride_t \
+                + (pid_h * BLOCK_H + r_o % BLOCK_H).to(gl.int64) * out_stride_h
+            lat_o = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_l))
+            gl.store(gl.expand_dims(orow, 1) + gl.expand_dims(lat_o, 0), out.to(dtype),
+                     mask=gl.expand_dims(tok_o < num_tokens, 1) & gl.expand_dims(lat_o < LORA, 0))
+
+
+def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
+    """Whether the Gluon kernel handles these inputs (the module docstring's list)."""
+    if not HAVE_GLUON or query.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(query.device)[0] != 9:
+        return False
+    if query.dtype not in (torch.bfloat16, torch.float16) or kv_cache.dtype != query.dtype:
+        return False
+    return (kv_lora_rank == LORA and query.shape[-1] == LORA + ROPE
+            and query.shape[1] % BLOCK_H == 0)
+
+
+def _launch(query, kv_cache, indices, scale):
+    num_tokens, num_heads, head_dim = query.shape
+    out = torch.empty((num_tokens, num_heads, LORA), dtype=query.dtype, device=query.device)
+    if num_tokens == 0:
+        return out
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    kv = kv_cache.reshape(-1, head_dim)
+    kv = kv if kv.stride(-1) == 1 else kv.contiguous()
+    indices = indices if indices.stride(-1) == 1 else indices.contiguous()
+    width = indices.shape[1]
+    groups = triton.cdiv(num_tokens, GROUP)
+    mixed = torch.empty(groups, dtype=torch.int32, device=query.device)
+    _gluon_sparse_mla_kernel[(groups, num_heads // BLOCK_H)](
+        query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
+        out, out.stride(0), out.stride(1), mixed, num_tokens, width,
+        float(scale) * math.log2(math.e),
+        LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        SCAN=SCAN, num_warps=NUM_WARPS)
+    # Tokens of mixed groups (causal rows, groups straddling requests): per token.
+    launch_per_token(query, kv, indices, out, scale, LORA, mixed=mixed, group=GROUP)
+    return out
+
+
+def gluon_sparse_mla_attention(query: torch.Tensor, kv_cache: torch.Tensor,
+                               indices: torch.Tensor, scale: float,
+                               kv_lora_rank: int) -> torch.Tensor:
+    """Gluon ``dspark.sparse_mla_attention`` (module docstring); returns ``[T, H, L]``.
+
+    Inputs the kernel does not handle go to ``grouped_sparse_mla_attention_triton``."""
+    check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
+    key = (query.device.index, query.dtype)
+    if (indices.shape[1] == 0 or key in _failed
+            or not gluon_supported(query, kv_cache, kv_lora_rank)):
+        return grouped_sparse_mla_attention_triton(query, kv_cache, indices, scale, kv_lora_rank)
+    try:
+        return _launch(query, kv_cache, indices, scale)
+    except Exception:  # noqa: BLE001 - compile/launch failure: the Triton kernel is exact too
+        logger.warning("Gluon sparse MLA kernel failed on %s %s; using the Triton kernel",
+                       query.device, query.dtype, exc_info=True)
+        _failed.add(key)
+        return grouped_sparse_mla_attention_triton(query, kv_cache, indices, scale, kv_lora_rank)

@@ -1,0 +1,80 @@
+"""GPU-only checks of the Gluon (Hopper) sparse MLA kernel against the torch reference."""
+
+import pytest
+import torch
+
+from dspark_compile.kernels import sparse_mla as ref
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+pytestmark = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs a Hopper (sm_90) GPU")
+
+SCALE = 576 ** -0.5
+
+
+def _inputs(num_tokens, heads, width, num_blocks, holes, shared, runs, seed):
+    """Random bf16 query / cache (never zeros); each run of ``shared`` tokens gets one
+    index row (consecutive slots when ``runs``, else a random permutation) with a
+    ``holes`` share of ``-1``; every unlisted cache row is NaN."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    query = torch.randn(num_tokens, heads, 576, device="cuda", dtype=torch.bfloat16,
+                        generator=gen)
+    kv_cache = torch.randn(num_blocks, 64, 576, device="cuda", dtype=torch.bfloat16,
+                           generator=gen)
+    slots = num_blocks * 64
+    rows = []
+    for t0 in range(0, num_tokens, shared):
+        if runs:
+            start = int(torch.randint(0, max(1, slots - width), (1,), generator=gen,
+                                      device="cuda"))
+            row = torch.arange(start, start + width, device="cuda") % slots
+        else:
+            row = torch.randperm(slots, generator=gen, device="cuda")[:width]
+        row = torch.where(torch.rand(width, generator=gen, device="cuda") < holes, -1, row)
+        rows += [row.to(torch.int32)] * min(shared, num_tokens - t0)
+    indices = (torch.stack(rows) if rows
+               else torch.empty(0, width, dtype=torch.int32, device="cuda"))
+    listed = torch.zeros(slots, dtype=torch.bool, device="cuda")
+    listed[indices[indices >= 0].long()] = True
+    kv_cache.view(-1, 576)[~listed] = float("nan")
+    return query, kv_cache, indices
+
+
+@pytest.mark.parametrize("num_tokens,heads,width,num_blocks,holes,shared,runs", [
+    (8, 16, 2056, 64, 0.05, 8, True),     # DSpark shape: runs of consecutive slots
+    (5, 16, 100, 8, 0.2, 4, True),        # T not a multiple of the group, width of 64
+    (12, 32, 37, 4, 0.3, 4, False),       # two head blocks, scattered slots
+    (6, 16, 130, 8, 0.0, 2, True),        # groups with different rows (per-token pass)
+    (9, 16, 300, 16, 0.5, 3, False),      # mixed groups, many holes
+    (1, 16, 1, 2, 0.0, 1, True),          # width 1
+])
+def test_gluon_matches_reference(num_tokens, heads, width, num_blocks, holes, shared, runs):
+    from dspark_compile.kernels import sparse_mla_gluon as glu
+
+    query, kv_cache, indices = _inputs(num_tokens, heads, width, num_blocks, holes, shared,
+                                       runs, seed=num_tokens * 131 + width)
+    want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)
+    got = glu.gluon_sparse_mla_attention(query, kv_cache, indices, SCALE, 512)
+    assert not glu._failed, "the Gluon kernel failed and the Triton fallback ran"
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_gluon_all_holes_and_empty():
+    from dspark_compile.kernels import sparse_mla_gluon as glu
+
+    query, kv_cache, indices = _inputs(4, 16, 64, 4, 1.0, 4, True, seed=1)
+    got = glu.gluon_sparse_mla_attention(query, kv_cache, indices, SCALE, 512)
+    assert torch.equal(got, torch.zeros_like(got))
+    empty = glu.gluon_sparse_mla_attention(query[:0], kv_cache, indices[:0], SCALE, 512)
+    assert empty.shape == (0, 16, 512)
+
+
+def test_gluon_falls_back_for_other_shapes():
+    from dspark_compile.kernels import sparse_mla_gluon as glu
+
+    query, kv_cache, indices = _inputs(4, 16, 64, 4, 0.1, 4, True, seed=2)
+    query8 = query[:, :8].contiguous()                     # 8 heads: not a multiple of 16
+    assert not glu.gluon_supported(query8, kv_cache, 512)
+    want = ref.sparse_mla_attention_ref(query8, kv_cache, indices, SCALE, 512)
+    got = glu.gluon_sparse_mla_attention(query8, kv_cache, indices, SCALE, 512)
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
