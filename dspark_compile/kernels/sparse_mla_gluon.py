@@ -64,6 +64,7 @@ GROUP = 4
 BLOCK_N = 64
 STAGES = 2
 SCAN = 1024
+PREFETCH = 3  # tiles ahead prefetched into L2 (0: none)
 NUM_WARPS = 8
 
 _failed: set = set()
@@ -88,6 +89,31 @@ if HAVE_GLUON:
         async_copy.async_copy_global_to_shared(kr_buf, ptr_r, mask=mask_r)
 
     @gluon.jit
+    def _prefetch_kv_tile(kv_ptr, kv_stride, idx_row, start, width, BLOCK_N: gl.constexpr,
+                          ROW_BYTES: gl.constexpr, NW: gl.constexpr):
+        # L2 prefetch of a future tile's rows (cp.async.bulk.prefetch.L2, no shared memory):
+        # every thread takes a part of one slot's row; holes and past-the-end columns skipped.
+        gl.static_assert(ROW_BYTES == 1152, "the asm below prefetches 288/144-byte parts")
+        PARTS: gl.constexpr = NW * 32 // BLOCK_N
+        gl.static_assert(PARTS == 4 or PARTS == 8, "4 or 8 threads per slot")
+        pf_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        i = gl.arange(0, NW * 32, layout=pf_l)
+        col = start + i // PARTS
+        slot = gl.load(idx_row + col, mask=col < width, other=-1)
+        ptr = kv_ptr + gl.where(slot >= 0, slot, 0).to(gl.int64) * kv_stride \
+            + (i % PARTS) * (ROW_BYTES // 2 // PARTS)
+        if PARTS == 4:
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ge.s32 p, $2, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], 288; mov.u32 $0, 0; }",
+                "=r,l,r", [ptr, slot], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ge.s32 p, $2, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], 144; mov.u32 $0, 0; }",
+                "=r,l,r", [ptr, slot], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _load_slots(idx_row, start, width, BLOCK_N: gl.constexpr, layout: gl.constexpr):
         col = start + gl.arange(0, BLOCK_N, layout=layout)
         return gl.load(idx_row + col, mask=col < width, other=-1)
@@ -97,8 +123,9 @@ if HAVE_GLUON:
             q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride,
             out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_tokens, width, qk_scale,
             LORA: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
-            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCAN: gl.constexpr):
-        gl.static_assert(STAGES == 2, "the ring's reuse pattern below assumes 2 stages")
+            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCAN: gl.constexpr,
+            PREFETCH: gl.constexpr):
+        gl.static_assert(STAGES >= 2, "a ring of at least 2 stages")
         BLOCK_M: gl.constexpr = GROUP * BLOCK_H
         NW: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -163,25 +190,31 @@ if HAVE_GLUON:
             sl_rope: gl.constexpr = gl.SliceLayout(1, rope_l)
             sl_col: gl.constexpr = gl.SliceLayout(0, s_l)
             n_tiles = gl.cdiv(width, BLOCK_N)
-            # tile 0 into stage 0 (the query travels in the same commit group)
-            _issue_kv_tile(kv_ptr, kv_stride, _load_slots(idx_row, 0, width, BLOCK_N, sl_lat),
-                           _load_slots(idx_row, 0, width, BLOCK_N, sl_rope),
-                           kl_s.index(0), kr_s.index(0), lat_l, rope_l, LORA, ROPE)
-            async_copy.commit_group()
-            nxt_l = _load_slots(idx_row, BLOCK_N, width, BLOCK_N, sl_lat)
-            nxt_r = _load_slots(idx_row, BLOCK_N, width, BLOCK_N, sl_rope)
+            ROW_BYTES: gl.constexpr = (LORA + ROPE) * 2
+            for t in gl.static_range(STAGES, PREFETCH + 1):  # tiles < STAGES: copied now
+                _prefetch_kv_tile(kv_ptr, kv_stride, idx_row, t * BLOCK_N, width, BLOCK_N,
+                                  ROW_BYTES, NW)
+            # tiles 0 .. STAGES-2 into their stages (the query travels with tile 0)
+            for t in gl.static_range(STAGES - 1):
+                _issue_kv_tile(kv_ptr, kv_stride,
+                               _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
+                               _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
+                               kl_s.index(t), kr_s.index(t), lat_l, rope_l, LORA, ROPE)
+                async_copy.commit_group()
+            nxt_l = _load_slots(idx_row, (STAGES - 1) * BLOCK_N, width, BLOCK_N, sl_lat)
+            nxt_r = _load_slots(idx_row, (STAGES - 1) * BLOCK_N, width, BLOCK_N, sl_rope)
             live = _load_slots(idx_row, 0, width, BLOCK_N, sl_col) >= 0
-            async_copy.wait_group(0)
+            async_copy.wait_group(STAGES - 2)
             fence_async_shared()
             gl.thread_barrier()
 
-            # ---- tile 0: scores; tile 1 starts loading into stage 1 -----------------------
+            # ---- tile 0: scores; tile STAGES-1 starts loading into the last stage --------
             s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_l)
             s_tok = warpgroup_mma(q_lat_s, kl_s.index(0).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_rope_s, kr_s.index(0).permute((1, 0)), s_tok, is_async=True)
-            _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(1), kr_s.index(1),
-                           lat_l, rope_l, LORA, ROPE)
+            _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(STAGES - 1),
+                           kr_s.index(STAGES - 1), lat_l, rope_l, LORA, ROPE)
             async_copy.commit_group()
             s = warpgroup_mma_wait(0, deps=[s_tok])
             s = gl.where(gl.expand_dims(live, 0), s * qk_scale, float("-inf"))
@@ -193,19 +226,24 @@ if HAVE_GLUON:
             p_s.store(p.to(dtype))
             fence_async_shared()
 
-            # ---- steady state, per tile j (2-stage ring; stage of tile j is j % 2):
+            # ---- steady state, per tile j (stage of tile j is j % STAGES):
             # O += P_{j-1} V_{j-1} runs while tile j lands; S_j = Q K_j^T follows; once
-            # both warpgroups are done with V_{j-1} its stage takes tile j+1, whose copy
+            # both warpgroups are done with V_{j-1} its stage takes tile j+STAGES-1, whose copy
             # then overlaps S_j, the softmax and the next P V.
             for j in range(1, n_tiles):
                 cur = j % STAGES
                 prv = (j + STAGES - 1) % STAGES
-                nxt_l = _load_slots(idx_row, (j + 1) * BLOCK_N, width, BLOCK_N, sl_lat)
-                nxt_r = _load_slots(idx_row, (j + 1) * BLOCK_N, width, BLOCK_N, sl_rope)
+                nxt_l = _load_slots(idx_row, (j + STAGES - 1) * BLOCK_N, width, BLOCK_N,
+                                    sl_lat)
+                nxt_r = _load_slots(idx_row, (j + STAGES - 1) * BLOCK_N, width, BLOCK_N,
+                                    sl_rope)
                 live = _load_slots(idx_row, j * BLOCK_N, width, BLOCK_N, sl_col) >= 0
+                if PREFETCH >= STAGES:
+                    _prefetch_kv_tile(kv_ptr, kv_stride, idx_row, (j + PREFETCH) * BLOCK_N,
+                                      width, BLOCK_N, ROW_BYTES, NW)
                 gl.thread_barrier()                 # P_{j-1} visible to both warpgroups
                 o_tok = warpgroup_mma(p_s, kl_s.index(prv), acc, is_async=True)
-                async_copy.wait_group(0)            # tile j landed (own copies)
+                async_copy.wait_group(STAGES - 2)   # tile j landed (own copies)
                 fence_async_shared()
                 gl.thread_barrier()                 # ... and everyone's
                 s_tok = warpgroup_mma(q_lat_s, kl_s.index(cur).permute((1, 0)), s_zero,
@@ -230,7 +268,7 @@ if HAVE_GLUON:
                 fence_async_shared()
 
             gl.thread_barrier()
-            last = (n_tiles + STAGES - 1) % STAGES
+            last = (n_tiles - 1) % STAGES
             acc = warpgroup_mma(p_s, kl_s.index(last), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
             async_copy.wait_group(0)
@@ -258,7 +296,8 @@ def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: i
             and query.shape[1] % BLOCK_H == 0)
 
 
-def _launch(query, kv_cache, indices, scale):
+def _launch(query, kv_cache, indices, scale, prefetch=PREFETCH, mixed_pass=True,
+            block_n=BLOCK_N, stages=STAGES):
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty((num_tokens, num_heads, LORA), dtype=query.dtype, device=query.device)
     if num_tokens == 0:
@@ -274,10 +313,11 @@ def _launch(query, kv_cache, indices, scale):
         query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
         out, out.stride(0), out.stride(1), mixed, num_tokens, width,
         float(scale) * math.log2(math.e),
-        LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        SCAN=SCAN, num_warps=NUM_WARPS)
+        LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n, STAGES=stages,
+        SCAN=SCAN, PREFETCH=prefetch, num_warps=NUM_WARPS)
     # Tokens of mixed groups (causal rows, groups straddling requests): per token.
-    launch_per_token(query, kv, indices, out, scale, LORA, mixed=mixed, group=GROUP)
+    if mixed_pass:
+        launch_per_token(query, kv, indices, out, scale, LORA, mixed=mixed, group=GROUP)
     return out
 
 
