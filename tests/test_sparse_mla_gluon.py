@@ -78,3 +78,15 @@ def test_gluon_falls_back_for_other_shapes():
     want = ref.sparse_mla_attention_ref(query8, kv_cache, indices, SCALE, 512)
     got = glu.gluon_sparse_mla_attention(query8, kv_cache, indices, SCALE, 512)
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("variant", [dict(block_n=64, stages=2, prefetch=3),
+                                     dict(block_n=32, stages=4, prefetch=0),
+                                     dict(block_n=32, stages=4, prefetch=6)])
+def test_gluon_launch_variants(variant):
+    from dspark_compile.kernels import sparse_mla_gluon as glu
+
+    query, kv_cache, indices = _inputs(9, 16, 1000, 32, 0.1, 4, True, seed=3)
+    want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)
+    got = glu._launch(query, kv_cache, indices, SCALE, **variant)
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)

@@ -64,7 +64,7 @@ GROUP = 4
 BLOCK_N = 64
 STAGES = 2
 SCAN = 1024
-PREFETCH = 3  # tiles ahead prefetched into L2 (0: none)
+PREFETCH = 0  # tiles ahead prefetched into L2 (0: none)
 NUM_WARPS = 8
 
 _failed: set = set()
@@ -89,29 +89,29 @@ if HAVE_GLUON:
         async_copy.async_copy_global_to_shared(kr_buf, ptr_r, mask=mask_r)
 
     @gluon.jit
-    def _prefetch_kv_tile(kv_ptr, kv_stride, idx_row, start, width, BLOCK_N: gl.constexpr,
-                          ROW_BYTES: gl.constexpr, NW: gl.constexpr):
-        # L2 prefetch of a future tile's rows (cp.async.bulk.prefetch.L2, no shared memory):
-        # every thread takes a part of one slot's row; holes and past-the-end columns skipped.
-        gl.static_assert(ROW_BYTES == 1152, "the asm below prefetches 288/144-byte parts")
-        PARTS: gl.constexpr = NW * 32 // BLOCK_N
-        gl.static_assert(PARTS == 4 or PARTS == 8, "4 or 8 threads per slot")
+    def _prefetch_slots(idx_row, start, width, BLOCK_N: gl.constexpr, NW: gl.constexpr):
+        # Slot of each prefetch lane (16 lanes per slot, one per 128-byte line, 7 idle).
         pf_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-        i = gl.arange(0, NW * 32, layout=pf_l)
-        col = start + i // PARTS
-        slot = gl.load(idx_row + col, mask=col < width, other=-1)
+        col = start + gl.arange(0, 16 * BLOCK_N, layout=pf_l) // 16
+        return gl.load(idx_row + col, mask=col < width, other=-1)
+
+    @gluon.jit
+    def _prefetch_kv_tile(kv_ptr, kv_stride, slot, BLOCK_N: gl.constexpr,
+                          ROW_BYTES: gl.constexpr, NW: gl.constexpr):
+        # L2 prefetch of a future tile's rows (no shared memory): one per-thread
+        # ``prefetch.global.L2`` per 128-byte line (a 1152-byte row is 9 lines); holes and
+        # past-the-end columns skipped. (The bulk form, ``cp.async.bulk.prefetch.L2``,
+        # takes a uniform address: ptxas loops over the threads, which measured slower
+        # than no prefetch at all.)
+        gl.static_assert(ROW_BYTES == 1152, "9 lines of 128 bytes per slot")
+        pf_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        line = gl.arange(0, 16 * BLOCK_N, layout=pf_l) % 16
         ptr = kv_ptr + gl.where(slot >= 0, slot, 0).to(gl.int64) * kv_stride \
-            + (i % PARTS) * (ROW_BYTES // 2 // PARTS)
-        if PARTS == 4:
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ge.s32 p, $2, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], 288; mov.u32 $0, 0; }",
-                "=r,l,r", [ptr, slot], dtype=gl.int32, is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ge.s32 p, $2, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], 144; mov.u32 $0, 0; }",
-                "=r,l,r", [ptr, slot], dtype=gl.int32, is_pure=False, pack=1)
+            + gl.minimum(line, 8) * 64
+        active = ((slot >= 0) & (line < 9)).to(gl.int32)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr, active], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _load_slots(idx_row, start, width, BLOCK_N: gl.constexpr, layout: gl.constexpr):
@@ -124,7 +124,7 @@ if HAVE_GLUON:
             out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_tokens, width, qk_scale,
             LORA: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCAN: gl.constexpr,
-            PREFETCH: gl.constexpr):
+            PREFETCH: gl.constexpr, DIAG_NO_LOADS: gl.constexpr):
         gl.static_assert(STAGES >= 2, "a ring of at least 2 stages")
         BLOCK_M: gl.constexpr = GROUP * BLOCK_H
         NW: gl.constexpr = gl.num_warps()
@@ -192,8 +192,11 @@ if HAVE_GLUON:
             n_tiles = gl.cdiv(width, BLOCK_N)
             ROW_BYTES: gl.constexpr = (LORA + ROPE) * 2
             for t in gl.static_range(STAGES, PREFETCH + 1):  # tiles < STAGES: copied now
-                _prefetch_kv_tile(kv_ptr, kv_stride, idx_row, t * BLOCK_N, width, BLOCK_N,
-                                  ROW_BYTES, NW)
+                _prefetch_kv_tile(kv_ptr, kv_stride,
+                                  _prefetch_slots(idx_row, t * BLOCK_N, width, BLOCK_N, NW),
+                                  BLOCK_N, ROW_BYTES, NW)
+            # slots of the tile the first loop iteration prefetches (loaded a step early)
+            pf_slot = _prefetch_slots(idx_row, (1 + PREFETCH) * BLOCK_N, width, BLOCK_N, NW)
             # tiles 0 .. STAGES-2 into their stages (the query travels with tile 0)
             for t in gl.static_range(STAGES - 1):
                 _issue_kv_tile(kv_ptr, kv_stride,
@@ -239,8 +242,9 @@ if HAVE_GLUON:
                                     sl_rope)
                 live = _load_slots(idx_row, j * BLOCK_N, width, BLOCK_N, sl_col) >= 0
                 if PREFETCH >= STAGES:
-                    _prefetch_kv_tile(kv_ptr, kv_stride, idx_row, (j + PREFETCH) * BLOCK_N,
-                                      width, BLOCK_N, ROW_BYTES, NW)
+                    _prefetch_kv_tile(kv_ptr, kv_stride, pf_slot, BLOCK_N, ROW_BYTES, NW)
+                    pf_slot = _prefetch_slots(idx_row, (j + 1 + PREFETCH) * BLOCK_N, width,
+                                              BLOCK_N, NW)
                 gl.thread_barrier()                 # P_{j-1} visible to both warpgroups
                 o_tok = warpgroup_mma(p_s, kl_s.index(prv), acc, is_async=True)
                 async_copy.wait_group(STAGES - 2)   # tile j landed (own copies)
@@ -252,8 +256,9 @@ if HAVE_GLUON:
                                       is_async=True)
                 acc = warpgroup_mma_wait(2, deps=[o_tok])
                 gl.thread_barrier()                 # both warpgroups done with stage prv, P
-                _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(prv),
-                               kr_s.index(prv), lat_l, rope_l, LORA, ROPE)
+                if not DIAG_NO_LOADS:   # diagnostic: reuse stale tiles (wrong result)
+                    _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(prv),
+                                   kr_s.index(prv), lat_l, rope_l, LORA, ROPE)
                 async_copy.commit_group()
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 s = gl.where(gl.expand_dims(live, 0), s * qk_scale, float("-inf"))
@@ -297,7 +302,9 @@ def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: i
 
 
 def _launch(query, kv_cache, indices, scale, prefetch=PREFETCH, mixed_pass=True,
-            block_n=BLOCK_N, stages=STAGES):
+            block_n=BLOCK_N, stages=STAGES, diag_no_loads=False):
+    """One launch; the keyword arguments are for measurements (``diag_no_loads``: time
+    the kernel without its KV copies after the first tiles; the result is then wrong)."""
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty((num_tokens, num_heads, LORA), dtype=query.dtype, device=query.device)
     if num_tokens == 0:
@@ -314,7 +321,7 @@ def _launch(query, kv_cache, indices, scale, prefetch=PREFETCH, mixed_pass=True,
         out, out.stride(0), out.stride(1), mixed, num_tokens, width,
         float(scale) * math.log2(math.e),
         LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n, STAGES=stages,
-        SCAN=SCAN, PREFETCH=prefetch, num_warps=NUM_WARPS)
+        SCAN=SCAN, PREFETCH=prefetch, DIAG_NO_LOADS=diag_no_loads, num_warps=NUM_WARPS)
     # Tokens of mixed groups (causal rows, groups straddling requests): per token.
     if mixed_pass:
         launch_per_token(query, kv, indices, out, scale, LORA, mixed=mixed, group=GROUP)
