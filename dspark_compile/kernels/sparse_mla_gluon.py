@@ -5,23 +5,40 @@ Semantics: ``sparse_mla.sparse_mla_attention_ref``; same signature and return as
 
 Shapes and dtypes handled here (anything else falls back, see below):
 
-- ``query [T, H, 576]`` bf16 or fp16 (512 latent channels + 64 rope), ``H % 16 == 0``;
-- ``kv_cache [num_blocks, block_size, 576]`` same dtype (slot ``s`` is row ``s`` of
+- ``query [T, H, 576]`` bf16 (512 latent channels + 64 rope), ``H % 16 == 0``;
+- ``kv_cache [num_blocks, block_size, 576]`` bf16 (slot ``s`` is row ``s`` of
   ``kv_cache.reshape(-1, 576)``), ``kv_lora_rank == 512``;
 - ``indices [T, width]`` int32, ``-1`` = hole (never read), any ``width >= 1``;
 - returns ``out [T, H, 512]`` in the query's dtype; fp32 softmax and accumulation.
 
-A program owns ``GROUP = 4`` consecutive tokens x 16 heads, i.e. a ``[64, 576]`` query
-tile held in shared memory. It first compares the 4 tokens' index rows (index bytes
-only). If they are all equal (every token of a DSpark non-causal block has the same
-row) it walks the row in tiles of 64 slots: each KV tile ``[64, 576]`` is gathered
-through the indices with ``cp.async`` into a 3-deep shared-memory ring (holes and
-columns past ``width`` are zero-filled, never read, and masked to ``-inf``), and
-eight warps (two warpgroups; each owns half of the score columns and half of the 512
-value columns) run asynchronous ``wgmma``: ``S_j = Q K_j^T`` is issued together with
-``O += P_{j-1} V_{j-1}``, and the online softmax of tile ``j`` runs while the tensor
-cores finish ``P_{j-1} V_{j-1}`` (FlashAttention-3 style intra-warpgroup overlap).
-``P`` goes through shared memory (bf16/fp16, as the Triton kernels' ``tl.dot`` does).
+A program (8 warps = two warpgroups) owns ``GROUP = 4`` consecutive tokens x 16 heads,
+i.e. a ``[64, 576]`` query tile copied once into shared memory. It first compares the 4
+tokens' index rows (index bytes only). If they are all equal (every token of a DSpark
+non-causal block has the same row) it walks the row in tiles of ``BLOCK_N = 64`` slots:
+each KV tile ``[64, 576]`` is gathered through the indices with ``cp.async`` (16-byte
+pieces; holes and columns past ``width`` are zero-filled, never read, and masked to
+``-inf``) into a 2-stage shared-memory ring (query 72 KiB + 2 x 72 KiB + ``P`` 8 KiB =
+224 KiB: no room for a third stage). Per tile ``j``, with asynchronous ``wgmma``:
+
+1. ``O += P_{j-1} V_{j-1}`` is issued (``P`` from shared memory, ``V`` = the first 512
+   channels of tile ``j-1``; each warpgroup owns 256 of the 512 value columns) and runs
+   while the program waits for tile ``j``'s copies;
+2. ``S_j = Q K_j^T`` is issued (each warpgroup owns 32 of the 64 score columns);
+3. once both warpgroups finished ``P_{j-1} V_{j-1}``, tile ``j+1`` is gathered into the
+   freed stage, so its copy overlaps ``S_j``, the softmax and ``P_j V_j``;
+4. online softmax of ``S_j`` (fp32, ``exp2``; the row maximum is shared across the two
+   warpgroups, the row sums stay per thread until the end), ``O`` rescaled, ``P_j``
+   stored to shared memory as bf16 (as the Triton kernels' ``tl.dot`` does).
+
+Measured on one H200 at the benchmark size (64 requests x 8 tokens, 16 heads, window
+2048, width 2176 with 2056 listed slots; CUDA graph replay, ``do_bench`` median, torch
+2.11, triton 3.6): 124 us (296 TFLOPS) including the mixed-group pass, vs 195 us for
+``grouped_sparse_mla_attention_triton``; the same kernel without its KV copies after
+the first tiles (``_launch(..., diag_no_loads=True)``, wrong result) takes 96 us, so the
+copies cost ~25 us and the wgmma/softmax/barrier chain most of the rest. Options of
+``_launch`` for measurements, all slower there: ``prefetch=k`` (L2 prefetch k tiles
+ahead: 128-132 us), ``block_n=32, stages=4`` (145 us).
+(``benchmarks/results/2026-12-01-h200-mla-gluon.md``.)
 
 Groups whose rows differ (causal rows, a group straddling two requests) are marked in a
 flag array and left to the per-token Triton kernel (``launch_per_token``), exactly as
@@ -29,8 +46,9 @@ the grouped Triton kernel does; no host synchronisation.
 
 Falls back to ``grouped_sparse_mla_attention_triton`` (same result) when: the device is
 not CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the
-dtype is not bf16/fp16; the head dim is not 576 with ``kv_lora_rank`` 512; ``H`` is
-not a multiple of 16; or the kernel's launch fails to compile (logged once). Nothing
+dtype is not bf16 (fp16 would compile, but was never run on a GPU); the head dim is not
+576 with ``kv_lora_rank`` 512; ``H`` is not a multiple of 16; ``width`` is 0; or the
+kernel's launch raises (logged once per device and dtype, then that pair falls back). Nothing
 here splits the index columns over programs, so a batch of few groups uses few SMs.
 """
 
@@ -153,8 +171,10 @@ if HAVE_GLUON:
             # ---- layouts ---------------------------------------------------------------
             lat_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
             rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+            # both warpgroups split the columns: S [64, 64] as 2 x [64, 32], O as 2 x [64, 256]
             s_l: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, BLOCK_N // (NW // 4), 16])
+                version=[3, 0], warps_per_cta=[4, NW // 4],
+                instr_shape=[16, BLOCK_N // (NW // 4), 16])
             o_l: gl.constexpr = gl.NVMMADistributedLayout(
                 version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, LORA // (NW // 4), 16])
             big_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, LORA], dtype)
@@ -295,7 +315,7 @@ def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: i
         return False
     if torch.cuda.get_device_capability(query.device)[0] != 9:
         return False
-    if query.dtype not in (torch.bfloat16, torch.float16) or kv_cache.dtype != query.dtype:
+    if query.dtype != torch.bfloat16 or kv_cache.dtype != query.dtype:
         return False
     return (kv_lora_rank == LORA and query.shape[-1] == LORA + ROPE
             and query.shape[1] % BLOCK_H == 0)
