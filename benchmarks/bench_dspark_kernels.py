@@ -11,7 +11,8 @@ ceiling  read-only HBM bandwidth: a Triton kernel that reads 4 GiB once (the
          ceiling every figure here is compared with); and the tensor-core rate of
          a dense bf16 GEMM (cuBLAS, 8192^3), the ceiling for the MLA arithmetic
 mla      sparse MLA attention, bf16 512+64 latent, b=64: torch reference, the
-         per-token kernel (before this change) and the grouped kernel in several
+         per-token kernel (before this change), the Gluon kernel (Hopper, verified
+         triton; the op's CUDA kernel there) and the grouped Triton kernel in several
          launch shapes, non-causal (DSpark block) and causal index rows. Bytes =
          DISTINCT KV rows listed in the indices x 1152 B (plus the index bytes,
          shown separately). FLOPs = 2 x (listed slots x heads) x (576 + 512): the
@@ -22,7 +23,7 @@ markov   Markov sampling, V=129280, 8 steps: eager reference, the reference unde
          torch.compile(mode="reduce-overhead"), the fused kernel (CUDA-graph
          replay); tokens compared for bit equality (greedy, sampled, mixed)
 graph    the compiled DSpark reference draft step (Triton cache write, indices,
-         grouped attention) captured with torch.cuda.graph and replayed with
+         the op's attention kernel) captured with torch.cuda.graph and replayed with
          changing seq_lens against the CPU reference
 
 Times: medians of ``triton.testing.do_bench`` (L2 flushed before every
@@ -198,6 +199,7 @@ def mla_inputs(args):
 
 def section_mla(args, ceiling: float) -> None:
     from dspark_compile.kernels import sparse_mla as ref
+    from dspark_compile.kernels import sparse_mla_gluon as glu
     from dspark_compile.kernels import sparse_mla_grouped_triton as grouped
     from dspark_compile.kernels import sparse_mla_triton as per_token
 
@@ -222,6 +224,12 @@ def section_mla(args, ceiling: float) -> None:
                           query, kv_cache, indices, scale, lora)),
                       ("per-token kernel (before)", lambda: per_token.sparse_mla_attention_triton(
                           query, kv_cache, indices, scale, lora))]
+        if glu.gluon_supported(query, kv_cache, lora):
+            candidates.append(("gluon (Hopper; the op's CUDA kernel here)",
+                               lambda: glu.gluon_sparse_mla_attention(query, kv_cache, indices,
+                                                                      scale, lora)))
+        else:
+            log("  gluon: not used on this device / triton (the op runs the grouped kernel)")
         for cfg in configs:
             name = (f"grouped G={cfg.group} BH={cfg.block_h} BN={cfg.block_n} w={cfg.num_warps} "
                     f"s={cfg.num_stages} splits={cfg.num_splits or 'auto'} "
@@ -249,14 +257,14 @@ def section_mla(args, ceiling: float) -> None:
                 f"({rate / tflops:.0%} of GEMM), rel err {err:.1e} {'OK' if ok else 'BAD'}")
         done = [r for r in all_rows if r[0] == form and isinstance(r[2], float)]
         before = next((r for r in done if r[1].startswith("per-token")), None)
-        best = min((r for r in done if r[1].startswith("grouped") and r[8]),
+        best = min((r for r in done if r[1].startswith(("grouped", "gluon")) and r[8]),
                    key=lambda r: r[2], default=None)
         if before and best:
             rows.append([form, kv_bytes / 1e6, idx_bytes / 1e6, flops / 1e9, before[2],
                          best[2], before[2] / best[2], best[3], best[4], best[6], bound,
                          best[1]])
-    headers = ["rows", "distinct KV MB", "index MB", "GFLOP", "per-token us", "grouped us",
-               "speedup", "grouped GB/s (distinct KV)", "of read ceiling", "of GEMM rate",
+    headers = ["rows", "distinct KV MB", "index MB", "GFLOP", "per-token us", "best us",
+               "speedup", "best GB/s (distinct KV)", "of read ceiling", "of GEMM rate",
                "read-ceiling share the GEMM rate allows", "best launch"]
     all_headers = ["rows", "implementation", "us", "GB/s distinct KV", "of read ceiling",
                    "TFLOPS", "of GEMM rate", "rel err vs reference", "ok"]

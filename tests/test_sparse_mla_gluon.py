@@ -1,12 +1,16 @@
-"""GPU-only checks of the Gluon (Hopper) sparse MLA kernel against the torch reference."""
+"""The Gluon (Hopper) sparse MLA kernel: against the torch reference on a Hopper GPU
+(skipped elsewhere), and its dispatch (mode switch, fallback) everywhere."""
 
 import pytest
 import torch
 
 from dspark_compile.kernels import sparse_mla as ref
+from dspark_compile.kernels import sparse_mla_gluon as glu
+from dspark_compile.kernels.sparse_mla_grouped_triton import grouped_sparse_mla_attention_triton
 
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-pytestmark = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs a Hopper (sm_90) GPU")
+HOPPER = (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+          and glu.gluon_enabled())
+hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs a Hopper (sm_90) GPU")
 
 SCALE = 576 ** -0.5
 
@@ -39,6 +43,7 @@ def _inputs(num_tokens, heads, width, num_blocks, holes, shared, runs, seed):
     return query, kv_cache, indices
 
 
+@hopper_only
 @pytest.mark.parametrize("num_tokens,heads,width,num_blocks,holes,shared,runs", [
     (8, 16, 2056, 64, 0.05, 8, True),     # DSpark shape: runs of consecutive slots
     (5, 16, 100, 8, 0.2, 4, True),        # T not a multiple of the group, width of 64
@@ -48,8 +53,6 @@ def _inputs(num_tokens, heads, width, num_blocks, holes, shared, runs, seed):
     (1, 16, 1, 2, 0.0, 1, True),          # width 1
 ])
 def test_gluon_matches_reference(num_tokens, heads, width, num_blocks, holes, shared, runs):
-    from dspark_compile.kernels import sparse_mla_gluon as glu
-
     query, kv_cache, indices = _inputs(num_tokens, heads, width, num_blocks, holes, shared,
                                        runs, seed=num_tokens * 131 + width)
     want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)
@@ -59,9 +62,8 @@ def test_gluon_matches_reference(num_tokens, heads, width, num_blocks, holes, sh
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
 
 
+@hopper_only
 def test_gluon_all_holes_and_empty():
-    from dspark_compile.kernels import sparse_mla_gluon as glu
-
     query, kv_cache, indices = _inputs(4, 16, 64, 4, 1.0, 4, True, seed=1)
     got = glu.gluon_sparse_mla_attention(query, kv_cache, indices, SCALE, 512)
     assert torch.equal(got, torch.zeros_like(got))
@@ -69,9 +71,8 @@ def test_gluon_all_holes_and_empty():
     assert empty.shape == (0, 16, 512)
 
 
+@hopper_only
 def test_gluon_falls_back_for_other_shapes():
-    from dspark_compile.kernels import sparse_mla_gluon as glu
-
     query, kv_cache, indices = _inputs(4, 16, 64, 4, 0.1, 4, True, seed=2)
     query8 = query[:, :8].contiguous()                     # 8 heads: not a multiple of 16
     assert not glu.gluon_supported(query8, kv_cache, 512)
@@ -80,13 +81,58 @@ def test_gluon_falls_back_for_other_shapes():
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
 
 
+@hopper_only
 @pytest.mark.parametrize("variant", [dict(block_n=64, stages=2, prefetch=3),
                                      dict(block_n=32, stages=4, prefetch=0),
                                      dict(block_n=32, stages=4, prefetch=6)])
 def test_gluon_launch_variants(variant):
-    from dspark_compile.kernels import sparse_mla_gluon as glu
-
     query, kv_cache, indices = _inputs(9, 16, 1000, 32, 0.1, 4, True, seed=3)
     want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)
     got = glu._launch(query, kv_cache, indices, SCALE, **variant)
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_gluon_mode_switch(monkeypatch):
+    monkeypatch.delenv("DSPARK_MLA_GLUON", raising=False)
+    assert glu.gluon_mode() == "auto"
+    monkeypatch.setenv("DSPARK_MLA_GLUON", "yes")
+    with pytest.raises(ValueError, match="DSPARK_MLA_GLUON='yes' is invalid: expected 'auto', "
+                                         "'1' or '0'"):
+        glu.gluon_mode()
+
+
+def test_gluon_runs_only_on_verified_triton_unless_forced(monkeypatch):
+    """``auto`` refuses an unverified triton, ``1`` accepts any (where Gluon imports),
+    ``0`` none; on a CPU tensor nothing is supported."""
+    query, kv_cache = torch.randn(4, 16, 576), torch.randn(2, 64, 576)
+    monkeypatch.setattr(glu, "HAVE_GLUON", True)
+    for version, mode, enabled in (("9.9.0", "auto", False), ("9.9.0", "1", True),
+                                   ("3.6.0", "auto", True), ("3.6.0", "0", False)):
+        monkeypatch.setattr(glu.triton, "__version__", version)
+        monkeypatch.setenv("DSPARK_MLA_GLUON", mode)
+        assert glu.gluon_enabled() == enabled, (version, mode)
+        assert not glu.gluon_supported(query, kv_cache, 512)       # CPU
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU dispatch (Triton interpreter)")
+def test_gluon_entry_point_falls_back_to_the_grouped_kernel_on_cpu():
+    gen = torch.Generator().manual_seed(4)
+    query = torch.randn(6, 16, 576, generator=gen)
+    kv_cache = torch.randn(4, 64, 576, generator=gen)
+    indices = torch.randperm(256, generator=gen)[:40].to(torch.int32).repeat(6, 1)
+    indices[:, 3] = -1
+    got = glu.gluon_sparse_mla_attention(query, kv_cache, indices, 0.05, 512)
+    want = grouped_sparse_mla_attention_triton(query, kv_cache, indices, 0.05, 512)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got, ref.sparse_mla_attention_ref(query, kv_cache, indices,
+                                                                  0.05, 512),
+                               rtol=1e-4, atol=1e-4)
+
+
+@hopper_only
+def test_gluon_switched_off_gives_the_grouped_kernel_bit_for_bit(monkeypatch):
+    query, kv_cache, indices = _inputs(8, 16, 300, 8, 0.1, 8, True, seed=5)
+    monkeypatch.setenv("DSPARK_MLA_GLUON", "0")
+    got = torch.ops.dspark.sparse_mla_attention(query, kv_cache, indices, SCALE, 512)
+    want = grouped_sparse_mla_attention_triton(query, kv_cache, indices, SCALE, 512)
+    assert torch.equal(got, want)

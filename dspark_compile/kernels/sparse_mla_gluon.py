@@ -44,8 +44,10 @@ Groups whose rows differ (causal rows, a group straddling two requests) are mark
 flag array and left to the per-token Triton kernel (``launch_per_token``), exactly as
 the grouped Triton kernel does; no host synchronisation.
 
-Falls back to ``grouped_sparse_mla_attention_triton`` (same result) when: the device is
-not CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the
+Falls back to ``grouped_sparse_mla_attention_triton`` (same result) when:
+``DSPARK_MLA_GLUON=0``; triton is not a version in ``VERIFIED_TRITON`` (3.6; triton 3.8
+renamed part of Gluon's API and has not run this kernel on a GPU) unless
+``DSPARK_MLA_GLUON=1``; the device is not CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the
 dtype is not bf16 (fp16 would compile, but was never run on a GPU); the head dim is not
 576 with ``kv_lora_rank`` 512; ``H`` is not a multiple of 16; ``width`` is 0; or the
 kernel's launch raises (logged once per device and dtype, then that pair falls back). Nothing
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import torch
 import triton
@@ -84,6 +87,10 @@ STAGES = 2
 SCAN = 1024
 PREFETCH = 0  # tiles ahead prefetched into L2 (0: none)
 NUM_WARPS = 8
+
+# Gluon's API changes between triton releases (3.8 renamed the CTA barrier): the kernel
+# runs by default only on the versions its GPU tests passed with.
+VERIFIED_TRITON = ("3.6.",)
 
 _failed: set = set()
 
@@ -309,9 +316,26 @@ if HAVE_GLUON:
                      mask=gl.expand_dims(tok_o < num_tokens, 1) & gl.expand_dims(lat_o < LORA, 0))
 
 
+def gluon_mode() -> str:
+    """``DSPARK_MLA_GLUON``: ``auto`` (default: the Gluon kernel on the triton versions
+    it was verified with on a GPU, ``VERIFIED_TRITON``), ``1`` (any triton; a compile
+    failure falls back) or ``0`` (never)."""
+    mode = os.environ.get("DSPARK_MLA_GLUON", "auto")
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"DSPARK_MLA_GLUON={mode!r} is invalid: expected 'auto', '1' or '0'")
+    return mode
+
+
+def gluon_enabled() -> bool:
+    """Whether ``gluon_mode()`` and the installed triton allow the Gluon kernel at all."""
+    mode = gluon_mode()
+    return HAVE_GLUON and (mode == "1" or (
+        mode == "auto" and triton.__version__.startswith(VERIFIED_TRITON)))
+
+
 def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
     """Whether the Gluon kernel handles these inputs (the module docstring's list)."""
-    if not HAVE_GLUON or query.device.type != "cuda":
+    if not gluon_enabled() or query.device.type != "cuda":
         return False
     if torch.cuda.get_device_capability(query.device)[0] != 9:
         return False

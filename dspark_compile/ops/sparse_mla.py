@@ -91,14 +91,14 @@ def _register_triton_kernels() -> None:
     try:
         from dspark_compile.kernels import sparse_mla_triton as tri
         from dspark_compile.kernels.mla_cache_write_triton import mla_cache_write_triton
-        from dspark_compile.kernels.sparse_mla_grouped_triton import (
-            grouped_sparse_mla_attention_triton)
+        from dspark_compile.kernels.sparse_mla_gluon import gluon_sparse_mla_attention
     except ImportError as error:  # CPU-only installs without Triton keep the references
         logger.info("Triton unavailable (%s): dspark sparse-MLA ops use torch references", error)
         return
     swa_indices.register_kernel("cuda")(tri.swa_indices_triton)
     noncausal_swa_indices.register_kernel("cuda")(tri.noncausal_swa_indices_triton)
-    sparse_mla_attention.register_kernel("cuda")(grouped_sparse_mla_attention_triton)
+    # Hopper + verified triton: the Gluon kernel; otherwise it calls the grouped Triton one
+    sparse_mla_attention.register_kernel("cuda")(gluon_sparse_mla_attention)
     mla_cache_write.register_kernel("cuda")(mla_cache_write_triton)
 
 
