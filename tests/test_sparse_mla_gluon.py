@@ -82,9 +82,9 @@ def test_gluon_falls_back_for_other_shapes():
 
 
 @hopper_only
-@pytest.mark.parametrize("variant", [dict(block_n=64, stages=2, prefetch=3),
-                                     dict(block_n=32, stages=4, prefetch=0),
-                                     dict(block_n=32, stages=4, prefetch=6)])
+@pytest.mark.parametrize("variant", [dict(block_n=64, stages=2, mixed_pass=False),
+                                     dict(block_n=32, stages=4),
+                                     dict(block_n=32, stages=3)])
 def test_gluon_launch_variants(variant):
     query, kv_cache, indices = _inputs(9, 16, 1000, 32, 0.1, 4, True, seed=3)
     want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)

@@ -35,10 +35,9 @@ Measured on one H200 at the benchmark size (64 requests x 8 tokens, 16 heads, wi
 2.11, triton 3.6): 124 us (296 TFLOPS) including the mixed-group pass, vs 195 us for
 ``grouped_sparse_mla_attention_triton``; the same kernel without its KV copies after
 the first tiles (``_launch(..., diag_no_loads=True)``, wrong result) takes 96 us, so the
-copies cost ~25 us and the wgmma/softmax/barrier chain most of the rest. Options of
-``_launch`` for measurements, all slower there: ``prefetch=k`` (L2 prefetch k tiles
-ahead: 128-132 us), ``block_n=32, stages=4`` (145 us).
-(``benchmarks/results/2026-12-01-h200-mla-gluon.md``.)
+copies cost ~25 us and the wgmma/softmax/barrier chain most of the rest. Slower there:
+``_launch(..., block_n=32, stages=4)`` (145 us), and L2 prefetch of tiles ahead
+(128-152 us, removed). (``benchmarks/results/2026-12-01-h200-mla-gluon.md``.)
 
 Groups whose rows differ (causal rows, a group straddling two requests) are marked in a
 flag array and left to the per-token Triton kernel (``launch_per_token``), exactly as
@@ -85,7 +84,6 @@ GROUP = 4
 BLOCK_N = 64
 STAGES = 2
 SCAN = 1024
-PREFETCH = 0  # tiles ahead prefetched into L2 (0: none)
 NUM_WARPS = 8
 
 # Gluon's API changes between triton releases (3.8 renamed the CTA barrier): the kernel
@@ -114,31 +112,6 @@ if HAVE_GLUON:
         async_copy.async_copy_global_to_shared(kr_buf, ptr_r, mask=mask_r)
 
     @gluon.jit
-    def _prefetch_slots(idx_row, start, width, BLOCK_N: gl.constexpr, NW: gl.constexpr):
-        # Slot of each prefetch lane (16 lanes per slot, one per 128-byte line, 7 idle).
-        pf_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-        col = start + gl.arange(0, 16 * BLOCK_N, layout=pf_l) // 16
-        return gl.load(idx_row + col, mask=col < width, other=-1)
-
-    @gluon.jit
-    def _prefetch_kv_tile(kv_ptr, kv_stride, slot, BLOCK_N: gl.constexpr,
-                          ROW_BYTES: gl.constexpr, NW: gl.constexpr):
-        # L2 prefetch of a future tile's rows (no shared memory): one per-thread
-        # ``prefetch.global.L2`` per 128-byte line (a 1152-byte row is 9 lines); holes and
-        # past-the-end columns skipped. (The bulk form, ``cp.async.bulk.prefetch.L2``,
-        # takes a uniform address: ptxas loops over the threads, which measured slower
-        # than no prefetch at all.)
-        gl.static_assert(ROW_BYTES == 1152, "9 lines of 128 bytes per slot")
-        pf_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-        line = gl.arange(0, 16 * BLOCK_N, layout=pf_l) % 16
-        ptr = kv_ptr + gl.where(slot >= 0, slot, 0).to(gl.int64) * kv_stride \
-            + gl.minimum(line, 8) * 64
-        active = ((slot >= 0) & (line < 9)).to(gl.int32)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptr, active], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _load_slots(idx_row, start, width, BLOCK_N: gl.constexpr, layout: gl.constexpr):
         col = start + gl.arange(0, BLOCK_N, layout=layout)
         return gl.load(idx_row + col, mask=col < width, other=-1)
@@ -149,7 +122,7 @@ if HAVE_GLUON:
             out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_tokens, width, qk_scale,
             LORA: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCAN: gl.constexpr,
-            PREFETCH: gl.constexpr, DIAG_NO_LOADS: gl.constexpr):
+            DIAG_NO_LOADS: gl.constexpr):
         gl.static_assert(STAGES >= 2, "a ring of at least 2 stages")
         BLOCK_M: gl.constexpr = GROUP * BLOCK_H
         NW: gl.constexpr = gl.num_warps()
@@ -217,13 +190,6 @@ if HAVE_GLUON:
             sl_rope: gl.constexpr = gl.SliceLayout(1, rope_l)
             sl_col: gl.constexpr = gl.SliceLayout(0, s_l)
             n_tiles = gl.cdiv(width, BLOCK_N)
-            ROW_BYTES: gl.constexpr = (LORA + ROPE) * 2
-            for t in gl.static_range(STAGES, PREFETCH + 1):  # tiles < STAGES: copied now
-                _prefetch_kv_tile(kv_ptr, kv_stride,
-                                  _prefetch_slots(idx_row, t * BLOCK_N, width, BLOCK_N, NW),
-                                  BLOCK_N, ROW_BYTES, NW)
-            # slots of the tile the first loop iteration prefetches (loaded a step early)
-            pf_slot = _prefetch_slots(idx_row, (1 + PREFETCH) * BLOCK_N, width, BLOCK_N, NW)
             # tiles 0 .. STAGES-2 into their stages (the query travels with tile 0)
             for t in gl.static_range(STAGES - 1):
                 _issue_kv_tile(kv_ptr, kv_stride,
@@ -268,10 +234,6 @@ if HAVE_GLUON:
                 nxt_r = _load_slots(idx_row, (j + STAGES - 1) * BLOCK_N, width, BLOCK_N,
                                     sl_rope)
                 live = _load_slots(idx_row, j * BLOCK_N, width, BLOCK_N, sl_col) >= 0
-                if PREFETCH >= STAGES:
-                    _prefetch_kv_tile(kv_ptr, kv_stride, pf_slot, BLOCK_N, ROW_BYTES, NW)
-                    pf_slot = _prefetch_slots(idx_row, (j + 1 + PREFETCH) * BLOCK_N, width,
-                                              BLOCK_N, NW)
                 gl.thread_barrier()                 # P_{j-1} visible to both warpgroups
                 o_tok = warpgroup_mma(p_s, kl_s.index(prv), acc, is_async=True)
                 async_copy.wait_group(STAGES - 2)   # tile j landed (own copies)
@@ -345,7 +307,7 @@ def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: i
             and query.shape[1] % BLOCK_H == 0)
 
 
-def _launch(query, kv_cache, indices, scale, prefetch=PREFETCH, mixed_pass=True,
+def _launch(query, kv_cache, indices, scale, mixed_pass=True,
             block_n=BLOCK_N, stages=STAGES, diag_no_loads=False):
     """One launch; the keyword arguments are for measurements (``diag_no_loads``: time
     the kernel without its KV copies after the first tiles; the result is then wrong)."""
@@ -365,7 +327,7 @@ def _launch(query, kv_cache, indices, scale, prefetch=PREFETCH, mixed_pass=True,
         out, out.stride(0), out.stride(1), mixed, num_tokens, width,
         float(scale) * math.log2(math.e),
         LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n, STAGES=stages,
-        SCAN=SCAN, PREFETCH=prefetch, DIAG_NO_LOADS=diag_no_loads, num_warps=NUM_WARPS)
+        SCAN=SCAN, DIAG_NO_LOADS=diag_no_loads, num_warps=NUM_WARPS)
     # Tokens of mixed groups (causal rows, groups straddling requests): per token.
     if mixed_pass:
         launch_per_token(query, kv, indices, out, scale, LORA, mixed=mixed, group=GROUP)
