@@ -45,8 +45,8 @@ the grouped Triton kernel does; no host synchronisation.
 
 Falls back to ``grouped_sparse_mla_attention_triton`` (same result) when:
 ``DSPARK_MLA_GLUON=0``; triton is not a version in ``VERIFIED_TRITON`` (3.6; triton 3.8
-renamed part of Gluon's API and has not run this kernel on a GPU) unless
-``DSPARK_MLA_GLUON=1``; the device is not CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the
+compiles the kernel for sm_90, ``compile_for_hopper``, but has not run it on a GPU)
+unless ``DSPARK_MLA_GLUON=1``; the device is not CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the
 dtype is not bf16 (fp16 would compile, but was never run on a GPU); the head dim is not
 576 with ``kv_lora_rank`` 512; ``H`` is not a multiple of 16; ``width`` is 0; or the
 kernel's launch raises (logged once per device and dtype, then that pair falls back). Nothing
@@ -73,6 +73,8 @@ try:  # Gluon's Hopper API (written against triton 3.6)
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
+    # the CTA-wide barrier: ``thread_barrier`` in triton 3.6, ``barrier`` from 3.8
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAVE_GLUON = True
 except Exception:  # noqa: BLE001 - any import problem means: use the Triton kernel
     HAVE_GLUON = False
@@ -202,7 +204,7 @@ if HAVE_GLUON:
             live = _load_slots(idx_row, 0, width, BLOCK_N, sl_col) >= 0
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
-            gl.thread_barrier()
+            _cta_barrier()
 
             # ---- tile 0: scores; tile STAGES-1 starts loading into the last stage --------
             s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_l)
@@ -234,17 +236,17 @@ if HAVE_GLUON:
                 nxt_r = _load_slots(idx_row, (j + STAGES - 1) * BLOCK_N, width, BLOCK_N,
                                     sl_rope)
                 live = _load_slots(idx_row, j * BLOCK_N, width, BLOCK_N, sl_col) >= 0
-                gl.thread_barrier()                 # P_{j-1} visible to both warpgroups
+                _cta_barrier()                 # P_{j-1} visible to both warpgroups
                 o_tok = warpgroup_mma(p_s, kl_s.index(prv), acc, is_async=True)
                 async_copy.wait_group(STAGES - 2)   # tile j landed (own copies)
                 fence_async_shared()
-                gl.thread_barrier()                 # ... and everyone's
+                _cta_barrier()                 # ... and everyone's
                 s_tok = warpgroup_mma(q_lat_s, kl_s.index(cur).permute((1, 0)), s_zero,
                                       use_acc=False, is_async=True)
                 s_tok = warpgroup_mma(q_rope_s, kr_s.index(cur).permute((1, 0)), s_tok,
                                       is_async=True)
                 acc = warpgroup_mma_wait(2, deps=[o_tok])
-                gl.thread_barrier()                 # both warpgroups done with stage prv, P
+                _cta_barrier()                 # both warpgroups done with stage prv, P
                 if not DIAG_NO_LOADS:   # diagnostic: reuse stale tiles (wrong result)
                     _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(prv),
                                    kr_s.index(prv), lat_l, rope_l, LORA, ROPE)
@@ -261,7 +263,7 @@ if HAVE_GLUON:
                 p_s.store(p.to(dtype))
                 fence_async_shared()
 
-            gl.thread_barrier()
+            _cta_barrier()
             last = (n_tiles - 1) % STAGES
             acc = warpgroup_mma(p_s, kl_s.index(last), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
@@ -276,6 +278,48 @@ if HAVE_GLUON:
             lat_o = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_l))
             gl.store(gl.expand_dims(orow, 1) + gl.expand_dims(lat_o, 0), out.to(dtype),
                      mask=gl.expand_dims(tok_o < num_tokens, 1) & gl.expand_dims(lat_o < LORA, 0))
+
+
+def compile_for_hopper(block_n: int = BLOCK_N, stages: int = STAGES) -> dict:
+    """Compile the kernel for sm_90 with the installed triton, no GPU needed (not under
+    ``TRITON_INTERPRET=1``, which wraps triton's own helpers); returns
+    ``{"shared": bytes, "registers": n, "stack": bytes}`` (the last two ``None`` when
+    triton's ``cuobjdump`` is missing). Catches Gluon API changes without a GPU."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = {"q_ptr": "*bf16", "q_stride_t": "i32", "q_stride_h": "i32",
+                 "kv_ptr": "*bf16", "kv_stride": "i32", "idx_ptr": "*i32", "idx_stride": "i32",
+                 "out_ptr": "*bf16", "out_stride_t": "i32", "out_stride_h": "i32",
+                 "mixed_ptr": "*i32", "num_tokens": "i32", "width": "i32", "qk_scale": "fp32"}
+    constexprs = dict(LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n,
+                      STAGES=stages, SCAN=SCAN, DIAG_NO_LOADS=0)
+    # as a launch with 16-aligned pointers and strides specialises it (cp.async needs it)
+    aligned = ("q_ptr", "q_stride_t", "q_stride_h", "kv_ptr", "kv_stride", "idx_ptr",
+               "out_ptr", "out_stride_t", "out_stride_h", "mixed_ptr", "num_tokens")
+    names = list(signature)
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    compiled = triton.compile(
+        GluonASTSource(fn=_gluon_sparse_mla_kernel, signature=signature, constexprs=constexprs,
+                       attrs=attrs),
+        target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+    result = {"shared": compiled.metadata.shared, "registers": None, "stack": None}
+    import triton.backends.nvidia as nvidia
+    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    if os.path.exists(tool):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(compiled.asm["cubin"])
+            cubin.flush()
+            usage = subprocess.run([tool, "-res-usage", cubin.name], capture_output=True,
+                                   text=True, check=True).stdout
+        found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        if found:
+            result["registers"], result["stack"] = int(found.group(1)), int(found.group(2))
+    return result
 
 
 def gluon_mode() -> str:
