@@ -448,9 +448,10 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=129280)
     parser.add_argument("--markov-rank", type=int, default=256)
-    parser.add_argument("--mla-configs", default="4,16,32,8,2,0",
+    parser.add_argument("--mla-configs", default="4,16,64,8,2,0",
                         help="grouped launch shapes 'G,BH,BN,warps,stages,splits[,scan_block];...' "
-                             "(splits 0: auto; scan_block default 2048)")
+                             "(splits 0: auto; scan_block default 2048; the default is the "
+                             "op's own launch, GroupedMLAConfig())")
     parser.add_argument("--markov-launches", default="1024,2,4",
                         help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program];...' "
                              "(the kernel's default launch is 1024,2,4)")
