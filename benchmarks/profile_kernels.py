@@ -9,6 +9,9 @@ decode-window  paged attention, batch 32 x 32k decode, window 2048 applied in-ke
 decode-full    paged attention, batch 32 x 32k decode, full table
 block16        paged attention, batch 32 x 16-token non-causal blocks at 128k
 mla            grouped sparse MLA, 64 requests x 8 tokens, 32k, W 2048, non-causal rows
+mla-gluon      the Gluon sparse MLA kernel (Hopper) at the same size, no per-token pass
+mla-gluon-noloads  the same without its KV copies after the first tiles (wrong result;
+               the difference to mla-gluon is what the copies cost)
 markov         Markov sampling, 64 requests x 8 steps, V 129280 (8 step kernels a call)
 
 Each case calls its op ``--calls`` times (default 3: the first compiles), then
@@ -26,7 +29,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CASES = ("decode-window", "decode-full", "block16", "mla", "markov")
+CASES = ("decode-window", "decode-full", "block16", "mla", "mla-gluon", "mla-gluon-noloads",
+         "markov")
 
 
 def paged_case(batch: int, context: int, q_len: int, window):
@@ -48,17 +52,24 @@ def paged_case(batch: int, context: int, q_len: int, window):
         window_size=window)
 
 
-def mla_case():
+def mla_case(kernel: str = "grouped"):
     from bench_dspark_kernels import mla_inputs
 
+    from dspark_compile.kernels import sparse_mla_gluon as gluon
     from dspark_compile.kernels import sparse_mla_grouped_triton as grouped
 
     args = SimpleNamespace(requests=64, q_len=8, context=32768, window=2048, block_size=64,
                            heads=16)
     query, kv_cache, index_sets, lora = mla_inputs(args)
     indices = index_sets["non-causal"]
-    return lambda: grouped.grouped_sparse_mla_attention_triton(
-        query, kv_cache, indices, (lora + 64) ** -0.5, lora)
+    scale = (lora + 64) ** -0.5
+    if kernel == "grouped":
+        return lambda: grouped.grouped_sparse_mla_attention_triton(
+            query, kv_cache, indices, scale, lora)
+    if not gluon.HAVE_GLUON:
+        raise SystemExit("this triton has no Gluon")
+    return lambda: gluon._launch(query, kv_cache, indices, scale, mixed_pass=False,
+                                 diag_no_loads=kernel == "gluon-noloads")
 
 
 def markov_case():
@@ -90,7 +101,9 @@ def main(argv=None) -> int:
     fn = {"decode-window": lambda: paged_case(32, 32768, 1, 2048),
           "decode-full": lambda: paged_case(32, 32768, 1, None),
           "block16": lambda: paged_case(32, 131072, 16, None),
-          "mla": mla_case, "markov": markov_case}[args.case]()
+          "mla": mla_case, "mla-gluon": lambda: mla_case("gluon"),
+          "mla-gluon-noloads": lambda: mla_case("gluon-noloads"),
+          "markov": markov_case}[args.case]()
     with torch.no_grad():
         for _ in range(args.calls):
             fn()
