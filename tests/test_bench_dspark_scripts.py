@@ -1,4 +1,5 @@
-"""benchmarks/bench_dspark_kernels.py, bench_peer_attention.py and profile_kernels.py:
+"""benchmarks/bench_dspark_kernels.py, bench_peer_attention.py, bench_mla_gluon_variants.py
+and profile_kernels.py:
 argument parsing and the no-GPU exit (their measurements need a CUDA device; results are under
 benchmarks/results/)."""
 
@@ -54,7 +55,8 @@ def test_markov_launches_parse():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
-@pytest.mark.parametrize("name", ["bench_dspark_kernels", "bench_peer_attention"])
+@pytest.mark.parametrize("name", ["bench_dspark_kernels", "bench_peer_attention",
+                                  "bench_mla_gluon_variants"])
 def test_scripts_exit_2_without_a_gpu(name, tmp_path, capsys):
     assert _load(name).main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
@@ -63,7 +65,8 @@ def test_scripts_exit_2_without_a_gpu(name, tmp_path, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_profile_script_checks_its_arguments_then_exits_2_without_a_gpu(capsys):
     profile = _load("profile_kernels")
-    assert profile.main(["mla"]) == 2
+    for case in ("mla", "mla-gluon", "mla-gluon-noloads"):
+        assert profile.main([case]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     for bad in (["nope"], ["mla", "--calls", "0"]):
         with pytest.raises(SystemExit):

@@ -50,6 +50,7 @@ def _inputs(num_tokens, heads, width, num_blocks, holes, shared, runs, seed):
     (12, 32, 37, 4, 0.3, 4, False),       # two head blocks, scattered slots
     (6, 16, 130, 8, 0.0, 2, True),        # groups with different rows (per-token pass)
     (9, 16, 300, 16, 0.5, 3, False),      # mixed groups, many holes
+    (7, 16, 150, 8, 0.1, 2, True),        # a last group of 3 tokens with different rows
     (1, 16, 1, 2, 0.0, 1, True),          # width 1
 ])
 def test_gluon_matches_reference(num_tokens, heads, width, num_blocks, holes, shared, runs):
@@ -82,14 +83,32 @@ def test_gluon_falls_back_for_other_shapes():
 
 
 @hopper_only
-@pytest.mark.parametrize("variant", [dict(block_n=64, stages=2, mixed_pass=False),
+@pytest.mark.parametrize("num_tokens,shared", [(9, 4), (9, 3), (11, 2)])
+@pytest.mark.parametrize("variant", [dict(fold_mixed=True),
+                                     dict(fold_mixed=False),
                                      dict(block_n=32, stages=4),
-                                     dict(block_n=32, stages=3)])
-def test_gluon_launch_variants(variant):
-    query, kv_cache, indices = _inputs(9, 16, 1000, 32, 0.1, 4, True, seed=3)
+                                     dict(block_n=32, stages=3, fold_mixed=False)])
+def test_gluon_launch_variants(variant, num_tokens, shared):
+    """Mixed groups (all but the last when ``shared`` < 4; with 11 tokens the last group
+    of 3 is mixed too) are attended token by token in the kernel (``fold_mixed``) or by
+    the per-token Triton kernel; both agree with the reference, at every ring shape."""
+    query, kv_cache, indices = _inputs(num_tokens, 16, 1000, 32, 0.1, shared, True,
+                                       seed=3 + shared)
     want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)
     got = glu._launch(query, kv_cache, indices, SCALE, **variant)
+    assert not torch.isnan(got).any()
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+
+
+@hopper_only
+def test_gluon_without_the_per_token_pass_leaves_exactly_the_mixed_groups():
+    """With the flag launch and no per-token pass, rows of uniform groups are already
+    final and the flags name exactly the groups whose index rows differ."""
+    query, kv_cache, indices = _inputs(12, 16, 200, 8, 0.1, 2, True, seed=7)
+    indices[4:8] = indices[4]                        # group 1 uniform, groups 0 and 2 mixed
+    want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)
+    got = glu._launch(query, kv_cache, indices, SCALE, fold_mixed=False, mixed_pass=False)
+    torch.testing.assert_close(got[4:8].float(), want[4:8].float(), rtol=3e-2, atol=3e-2)
 
 
 def test_gluon_mode_switch(monkeypatch):
@@ -107,7 +126,8 @@ def test_gluon_runs_only_on_verified_triton_unless_forced(monkeypatch):
     query, kv_cache = torch.randn(4, 16, 576), torch.randn(2, 64, 576)
     monkeypatch.setattr(glu, "HAVE_GLUON", True)
     for version, mode, enabled in (("9.9.0", "auto", False), ("9.9.0", "1", True),
-                                   ("3.6.0", "auto", True), ("3.6.0", "0", False)):
+                                   ("3.6.0", "auto", True), ("3.8.0", "auto", True),
+                                   ("3.6.0", "0", False)):
         monkeypatch.setattr(glu.triton, "__version__", version)
         monkeypatch.setenv("DSPARK_MLA_GLUON", mode)
         assert glu.gluon_enabled() == enabled, (version, mode)

@@ -12,44 +12,54 @@ Shapes and dtypes handled here (anything else falls back, see below):
 - returns ``out [T, H, 512]`` in the query's dtype; fp32 softmax and accumulation.
 
 A program (8 warps = two warpgroups) owns ``GROUP = 4`` consecutive tokens x 16 heads,
-i.e. a ``[64, 576]`` query tile copied once into shared memory. It first compares the 4
-tokens' index rows (index bytes only). If they are all equal (every token of a DSpark
-non-causal block has the same row) it walks the row in tiles of ``BLOCK_N = 64`` slots:
-each KV tile ``[64, 576]`` is gathered through the indices with ``cp.async`` (16-byte
-pieces; holes and columns past ``width`` are zero-filled, never read, and masked to
-``-inf``) into a 2-stage shared-memory ring (query 72 KiB + 2 x 72 KiB + ``P`` 8 KiB =
-224 KiB: no room for a third stage). Per tile ``j``, with asynchronous ``wgmma``:
+i.e. a ``[64, 576]`` query tile copied once into shared memory. It issues the copies of
+the query and of the first KV tile of the lead token's row, and while they fly compares
+the 4 tokens' index rows (index bytes only). If they are all equal (every token of a
+DSpark non-causal block has the same row) it walks the row once, in tiles of
+``BLOCK_N = 64`` slots: each KV tile ``[64, 576]`` is gathered through the indices with
+``cp.async`` (16-byte pieces; holes and columns past ``width`` are zero-filled, never
+read, and masked to ``-inf``) into a 2-stage shared-memory ring (query 72 KiB + 2 x 72
+KiB + ``P`` 8 KiB = 224 KiB: no room for a third stage). Per tile ``j``, with
+asynchronous ``wgmma``:
 
 1. ``O += P_{j-1} V_{j-1}`` is issued (``P`` from shared memory, ``V`` = the first 512
    channels of tile ``j-1``; each warpgroup owns 256 of the 512 value columns) and runs
    while the program waits for tile ``j``'s copies;
 2. ``S_j = Q K_j^T`` is issued (each warpgroup owns 32 of the 64 score columns);
 3. once both warpgroups finished ``P_{j-1} V_{j-1}``, tile ``j+1`` is gathered into the
-   freed stage, so its copy overlaps ``S_j``, the softmax and ``P_j V_j``;
+   freed stage, so its copy overlaps ``S_j``, the softmax and ``P_j V_j``; its slots were
+   loaded a step earlier and parked in shared memory, so the copy never waits on them;
 4. online softmax of ``S_j`` (fp32, ``exp2``; the row maximum is shared across the two
    warpgroups, the row sums stay per thread until the end), ``O`` rescaled, ``P_j``
    stored to shared memory as bf16 (as the Triton kernels' ``tl.dot`` does).
 
-Measured on one H200 at the benchmark size (64 requests x 8 tokens, 16 heads, window
-2048, width 2176 with 2056 listed slots; CUDA graph replay, ``do_bench`` median, torch
-2.11, triton 3.6): 124 us (296 TFLOPS) including the mixed-group pass, vs 195 us for
-``grouped_sparse_mla_attention_triton``; the same kernel without its KV copies after
-the first tiles (``_launch(..., diag_no_loads=True)``, wrong result) takes 96 us, so the
-copies cost ~25 us and the wgmma/softmax/barrier chain most of the rest. Slower there:
-``_launch(..., block_n=32, stages=4)`` (145 us), and L2 prefetch of tiles ahead
-(128-152 us, removed). (``benchmarks/results/2026-12-01-h200-mla-gluon.md``.)
+The output goes out through the idle first stage, as 16-byte pieces of whole rows.
 
-Groups whose rows differ (causal rows, a group straddling two requests) are marked in a
-flag array and left to the per-token Triton kernel (``launch_per_token``), exactly as
-the grouped Triton kernel does; no host synchronisation.
+A group whose rows differ (causal rows, a group straddling two requests) is walked once
+per token, each pass against that token's row with the whole query tile, storing only
+that token's 16 rows (rows are independent). ``_launch(..., fold_mixed=False)`` instead
+flags such groups for the per-token Triton kernel (``launch_per_token``), as the
+grouped Triton kernel does: a second launch, slower at every size measured. No host
+synchronisation either way.
+
+Measured on one H200 at the benchmark size (64 requests x 8 tokens, 16 heads, window
+2048, width 2176 with 2056 listed slots; CUDA graph replay, ``do_bench`` median, L2
+flushed, torch 2.11): 105.3 us with triton 3.6 (348 TFLOPS; the per-token kernel 532 us
+in the same run, 5.05x) and 106.8 us with triton 3.8 (the per-token kernel 513.5 us,
+4.81x); the grouped Triton kernel takes 194-210 us. Causal rows: 358 us (per-token
+kernel 513 us). The kernel without its KV copies after the first tiles
+(``_launch(..., diag_no_loads=True)``, wrong result) takes 91 us. Slower there:
+``block_n=32, stages=4`` (145 us in an earlier version), L2 prefetch of tiles ahead
+(removed), and filling both stages before the first scores (120 us).
+(``benchmarks/results/2026-12-01-h200-session9.md``.)
 
 Falls back to ``grouped_sparse_mla_attention_triton`` (same result) when:
-``DSPARK_MLA_GLUON=0``; triton is not a version in ``VERIFIED_TRITON`` (3.6; triton 3.8
-compiles the kernel for sm_90, ``compile_for_hopper``, but has not run it on a GPU)
-unless ``DSPARK_MLA_GLUON=1``; the device is not CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the
-dtype is not bf16 (fp16 would compile, but was never run on a GPU); the head dim is not
-576 with ``kv_lora_rank`` 512; ``H`` is not a multiple of 16; ``width`` is 0; or the
-kernel's launch raises (logged once per device and dtype, then that pair falls back). Nothing
+``DSPARK_MLA_GLUON=0``; triton is not a version in ``VERIFIED_TRITON`` (3.6 and 3.8,
+whose GPU tests passed on an H200) unless ``DSPARK_MLA_GLUON=1``; the device is not
+CUDA, or not compute capability 9.x; Gluon's Hopper API is not importable; the dtype is
+not bf16 (fp16 would compile, but was never run on a GPU); the head dim is not 576 with
+``kv_lora_rank`` 512; ``H`` is not a multiple of 16; ``width`` is 0; or the kernel's
+launch raises (logged once per device and dtype, then that pair falls back). Nothing
 here splits the index columns over programs, so a batch of few groups uses few SMs.
 """
 
@@ -87,10 +97,11 @@ BLOCK_N = 64
 STAGES = 2
 SCAN = 1024
 NUM_WARPS = 8
+FOLD_MIXED = True
 
 # Gluon's API changes between triton releases (3.8 renamed the CTA barrier): the kernel
-# runs by default only on the versions its GPU tests passed with.
-VERIFIED_TRITON = ("3.6.",)
+# runs by default only on the versions its GPU tests passed with (on an H200).
+VERIFIED_TRITON = ("3.6.", "3.8.")
 
 _failed: set = set()
 
@@ -124,7 +135,7 @@ if HAVE_GLUON:
             out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_tokens, width, qk_scale,
             LORA: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCAN: gl.constexpr,
-            DIAG_NO_LOADS: gl.constexpr):
+            FOLD_MIXED: gl.constexpr, DIAG_NO_LOADS: gl.constexpr):
         gl.static_assert(STAGES >= 2, "a ring of at least 2 stages")
         BLOCK_M: gl.constexpr = GROUP * BLOCK_H
         NW: gl.constexpr = gl.num_warps()
@@ -133,84 +144,116 @@ if HAVE_GLUON:
         pid_h = gl.program_id(1)
         t0 = pid_g * GROUP
 
-        # ---- pre-scan: do the GROUP tokens list the same slots? -----------------------
+        # ---- layouts and shared memory --------------------------------------------------
+        lat_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
+        rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        # both warpgroups split the columns: S [64, 64] as 2 x [64, 32], O as 2 x [64, 256]
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, NW // 4],
+            instr_shape=[16, BLOCK_N // (NW // 4), 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, LORA // (NW // 4), 16])
+        big_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, LORA], dtype)
+        small_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], dtype)
+        p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+        kl_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, LORA], dtype)
+        kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], dtype)
+        q_lat_s = gl.allocate_shared_memory(dtype, [BLOCK_M, LORA], big_sl)
+        q_rope_s = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE], small_sl)
+        kl_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, LORA], kl_sl)
+        kr_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE], kr_sl)
+        p_s = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+        # slots of the next tiles to copy (ring of 2 by tile parity), see the main loop
+        idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N],
+                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        sl_lat: gl.constexpr = gl.SliceLayout(1, lat_l)
+        sl_rope: gl.constexpr = gl.SliceLayout(1, rope_l)
+        sl_col: gl.constexpr = gl.SliceLayout(0, s_l)
+        n_tiles = gl.cdiv(width, BLOCK_N)
+        # the epilogue's layout: 16-byte pieces of whole output rows
+        st_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+
+        # ---- query tile (rows: token-major, head-minor), copied once for every pass, and
+        # the first tiles of the lead token's row (the only row when the group is uniform,
+        # pass 0's row otherwise), issued before the scan so that they overlap it
+        lead_row = idx_ptr + t0.to(gl.int64) * idx_stride
+        r_l = gl.arange(0, BLOCK_M, layout=sl_lat)
+        tok_l = t0 + r_l // BLOCK_H
+        lat = gl.arange(0, LORA, layout=gl.SliceLayout(0, lat_l))
+        async_copy.async_copy_global_to_shared(
+            q_lat_s, gl.expand_dims(q_ptr + tok_l.to(gl.int64) * q_stride_t
+                                    + (pid_h * BLOCK_H + r_l % BLOCK_H).to(gl.int64)
+                                    * q_stride_h, 1) + gl.expand_dims(lat, 0),
+            mask=gl.expand_dims(tok_l < num_tokens, 1) & gl.expand_dims(lat < LORA, 0))
+        r_r = gl.arange(0, BLOCK_M, layout=sl_rope)
+        tok_r = t0 + r_r // BLOCK_H
+        rope = gl.arange(0, ROPE, layout=gl.SliceLayout(0, rope_l))
+        async_copy.async_copy_global_to_shared(
+            q_rope_s, gl.expand_dims(q_ptr + LORA + tok_r.to(gl.int64) * q_stride_t
+                                     + (pid_h * BLOCK_H + r_r % BLOCK_H).to(gl.int64)
+                                     * q_stride_h, 1) + gl.expand_dims(rope, 0),
+            mask=gl.expand_dims(tok_r < num_tokens, 1) & gl.expand_dims(rope < ROPE, 0))
+        for t in gl.static_range(STAGES - 1):   # tiles 0 .. STAGES-2 into their stages
+            _issue_kv_tile(kv_ptr, kv_stride,
+                           _load_slots(lead_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
+                           _load_slots(lead_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
+                           kl_s.index(t), kr_s.index(t), lat_l, rope_l, LORA, ROPE)
+            async_copy.commit_group()
+
+        # ---- scan (while those copies fly): do the GROUP tokens list the same slots? ----
         scan_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, NW], [1, 0])
         g_tok = t0 + gl.arange(0, GROUP, layout=gl.SliceLayout(1, scan_l))
         g_valid = g_tok < num_tokens
-        idx_row = idx_ptr + t0.to(gl.int64) * idx_stride
         differ = gl.zeros([GROUP, SCAN], gl.int32, scan_l)
         for start in range(0, width, SCAN):
             col = start + gl.arange(0, SCAN, layout=gl.SliceLayout(0, scan_l))
-            lead = gl.load(idx_row + col, mask=col < width, other=-1)
+            lead = gl.load(lead_row + col, mask=col < width, other=-1)
             tile_mask = gl.expand_dims(g_valid, 1) & gl.expand_dims(col < width, 0)
             tile = gl.load(idx_ptr + gl.expand_dims(g_tok.to(gl.int64) * idx_stride, 1)
                            + gl.expand_dims(col, 0), mask=tile_mask, other=-1)
             differ += ((tile != gl.expand_dims(lead, 0)) & tile_mask).to(gl.int32)
-        n_differ = gl.sum(gl.sum(differ, axis=1), axis=0)
-        if pid_h == 0:
-            gl.store(mixed_ptr + pid_g, (n_differ != 0).to(gl.int32))
-        if n_differ == 0:
-            # ---- layouts ---------------------------------------------------------------
-            lat_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
-            rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-            # both warpgroups split the columns: S [64, 64] as 2 x [64, 32], O as 2 x [64, 256]
-            s_l: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[4, NW // 4],
-                instr_shape=[16, BLOCK_N // (NW // 4), 16])
-            o_l: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, LORA // (NW // 4), 16])
-            big_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, LORA], dtype)
-            small_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], dtype)
-            p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-            kl_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, LORA], dtype)
-            kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], dtype)
-            q_lat_s = gl.allocate_shared_memory(dtype, [BLOCK_M, LORA], big_sl)
-            q_rope_s = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE], small_sl)
-            kl_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, LORA], kl_sl)
-            kr_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE], kr_sl)
-            p_s = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+        uniform = (gl.sum(gl.sum(differ, axis=1), axis=0) == 0).to(gl.int32)
+        # One pass over the shared row, or (mixed group) one pass per token, each storing
+        # only its token's rows (rows are independent, so the others may hold anything).
+        if FOLD_MIXED:
+            n_pass = uniform + (1 - uniform) * GROUP
+        else:
+            if pid_h == 0:
+                gl.store(mixed_ptr + pid_g, 1 - uniform)
+            n_pass = uniform
 
-            # ---- query tile (rows: token-major, head-minor), async copy -----------------
-            r_l = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, lat_l))
-            tok_l = t0 + r_l // BLOCK_H
-            qrow_l = q_ptr + tok_l.to(gl.int64) * q_stride_t \
-                + (pid_h * BLOCK_H + r_l % BLOCK_H).to(gl.int64) * q_stride_h
-            lat = gl.arange(0, LORA, layout=gl.SliceLayout(0, lat_l))
-            async_copy.async_copy_global_to_shared(
-                q_lat_s, gl.expand_dims(qrow_l, 1) + gl.expand_dims(lat, 0),
-                mask=gl.expand_dims(tok_l < num_tokens, 1) & gl.expand_dims(lat < LORA, 0))
-            r_r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rope_l))
-            tok_r = t0 + r_r // BLOCK_H
-            qrow_r = q_ptr + LORA + tok_r.to(gl.int64) * q_stride_t \
-                + (pid_h * BLOCK_H + r_r % BLOCK_H).to(gl.int64) * q_stride_h
-            rope = gl.arange(0, ROPE, layout=gl.SliceLayout(0, rope_l))
-            async_copy.async_copy_global_to_shared(
-                q_rope_s, gl.expand_dims(qrow_r, 1) + gl.expand_dims(rope, 0),
-                mask=gl.expand_dims(tok_r < num_tokens, 1) & gl.expand_dims(rope < ROPE, 0))
 
-            sl_lat: gl.constexpr = gl.SliceLayout(1, lat_l)
-            sl_rope: gl.constexpr = gl.SliceLayout(1, rope_l)
-            sl_col: gl.constexpr = gl.SliceLayout(0, s_l)
-            n_tiles = gl.cdiv(width, BLOCK_N)
-            # tiles 0 .. STAGES-2 into their stages (the query travels with tile 0)
-            for t in gl.static_range(STAGES - 1):
-                _issue_kv_tile(kv_ptr, kv_stride,
-                               _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
-                               _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
-                               kl_s.index(t), kr_s.index(t), lat_l, rope_l, LORA, ROPE)
-                async_copy.commit_group()
+        for g in range(n_pass):
+            # this pass's tokens: [tok_lo, tok_hi); in a last group of fewer than GROUP
+            # tokens the surplus passes redo its last token (the same values, rewritten)
+            tok_lo = gl.minimum(t0 + g * (1 - uniform), num_tokens - 1)
+            tok_hi = gl.minimum(tok_lo + 1 + uniform * (GROUP - 1), num_tokens)
+            idx_row = idx_ptr + tok_lo.to(gl.int64) * idx_stride
+            if g > 0:                           # a mixed group's next token: its first tiles
+                for t in gl.static_range(STAGES - 1):
+                    _issue_kv_tile(kv_ptr, kv_stride,
+                                   _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
+                                   _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
+                                   kl_s.index(t), kr_s.index(t), lat_l, rope_l, LORA, ROPE)
+                    async_copy.commit_group()
             nxt_l = _load_slots(idx_row, (STAGES - 1) * BLOCK_N, width, BLOCK_N, sl_lat)
             nxt_r = _load_slots(idx_row, (STAGES - 1) * BLOCK_N, width, BLOCK_N, sl_rope)
+            # The slots of tile t are loaded one step before its copy is issued and parked
+            # in idx_s[t % 2] (a register each while in flight), so no step waits on them.
+            idx_s.index(STAGES % 2).store(
+                _load_slots(idx_row, STAGES * BLOCK_N, width, BLOCK_N, idx_l))
             live = _load_slots(idx_row, 0, width, BLOCK_N, sl_col) >= 0
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
             _cta_barrier()
 
-            # ---- tile 0: scores; tile STAGES-1 starts loading into the last stage --------
+            # ---- tile 0: scores; tile STAGES-1 starts loading into the last stage ------
             s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_l)
             s_tok = warpgroup_mma(q_lat_s, kl_s.index(0).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
-            s_tok = warpgroup_mma(q_rope_s, kr_s.index(0).permute((1, 0)), s_tok, is_async=True)
+            s_tok = warpgroup_mma(q_rope_s, kr_s.index(0).permute((1, 0)), s_tok,
+                                  is_async=True)
             _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(STAGES - 1),
                            kr_s.index(STAGES - 1), lat_l, rope_l, LORA, ROPE)
             async_copy.commit_group()
@@ -226,15 +269,12 @@ if HAVE_GLUON:
 
             # ---- steady state, per tile j (stage of tile j is j % STAGES):
             # O += P_{j-1} V_{j-1} runs while tile j lands; S_j = Q K_j^T follows; once
-            # both warpgroups are done with V_{j-1} its stage takes tile j+STAGES-1, whose copy
-            # then overlaps S_j, the softmax and the next P V.
+            # both warpgroups are done with V_{j-1} its stage takes tile j+STAGES-1, whose
+            # copy then overlaps S_j, the softmax and the next P V.
             for j in range(1, n_tiles):
                 cur = j % STAGES
                 prv = (j + STAGES - 1) % STAGES
-                nxt_l = _load_slots(idx_row, (j + STAGES - 1) * BLOCK_N, width, BLOCK_N,
-                                    sl_lat)
-                nxt_r = _load_slots(idx_row, (j + STAGES - 1) * BLOCK_N, width, BLOCK_N,
-                                    sl_rope)
+                ahead = _load_slots(idx_row, (j + STAGES) * BLOCK_N, width, BLOCK_N, idx_l)
                 live = _load_slots(idx_row, j * BLOCK_N, width, BLOCK_N, sl_col) >= 0
                 _cta_barrier()                 # P_{j-1} visible to both warpgroups
                 o_tok = warpgroup_mma(p_s, kl_s.index(prv), acc, is_async=True)
@@ -248,8 +288,10 @@ if HAVE_GLUON:
                 acc = warpgroup_mma_wait(2, deps=[o_tok])
                 _cta_barrier()                 # both warpgroups done with stage prv, P
                 if not DIAG_NO_LOADS:   # diagnostic: reuse stale tiles (wrong result)
-                    _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(prv),
-                                   kr_s.index(prv), lat_l, rope_l, LORA, ROPE)
+                    parked = idx_s.index((j + STAGES - 1) % 2)
+                    _issue_kv_tile(kv_ptr, kv_stride, parked.load(sl_lat),
+                                   parked.load(sl_rope), kl_s.index(prv), kr_s.index(prv),
+                                   lat_l, rope_l, LORA, ROPE)
                 async_copy.commit_group()
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 s = gl.where(gl.expand_dims(live, 0), s * qk_scale, float("-inf"))
@@ -261,6 +303,7 @@ if HAVE_GLUON:
                 m_i = m_new
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), 1)
                 p_s.store(p.to(dtype))
+                idx_s.index((j + STAGES) % 2).store(ahead)   # read after the next barrier
                 fence_async_shared()
 
             _cta_barrier()
@@ -270,17 +313,32 @@ if HAVE_GLUON:
             async_copy.wait_group(0)
             l_i = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_l))
             safe_l = gl.where(l_i > 0, l_i, 1.0)
-            out = acc / gl.expand_dims(safe_l, 1)
-            r_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))
+            out = (acc / gl.expand_dims(safe_l, 1)).to(dtype)
+            # ---- epilogue: through the (now idle) first KV stage when it holds the tile, so
+            # that the global stores are 16-byte pieces of whole rows, not wgmma fragments
+            if BLOCK_N >= BLOCK_M:
+                _cta_barrier()                 # both warpgroups done reading every stage
+                stage = kl_s.index(0).slice(0, BLOCK_M)
+                stage.store(out)
+                _cta_barrier()
+                out = stage.load(st_l)
+                out_l: gl.constexpr = st_l
+            else:
+                out_l: gl.constexpr = o_l
+                out = gl.convert_layout(out, o_l)
+            r_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_l))
             tok_o = t0 + r_o // BLOCK_H
             orow = out_ptr + tok_o.to(gl.int64) * out_stride_t \
                 + (pid_h * BLOCK_H + r_o % BLOCK_H).to(gl.int64) * out_stride_h
-            lat_o = gl.arange(0, LORA, layout=gl.SliceLayout(0, o_l))
-            gl.store(gl.expand_dims(orow, 1) + gl.expand_dims(lat_o, 0), out.to(dtype),
-                     mask=gl.expand_dims(tok_o < num_tokens, 1) & gl.expand_dims(lat_o < LORA, 0))
+            lat_o = gl.arange(0, LORA, layout=gl.SliceLayout(0, out_l))
+            gl.store(gl.expand_dims(orow, 1) + gl.expand_dims(lat_o, 0), out,
+                     mask=gl.expand_dims((tok_o >= tok_lo) & (tok_o < tok_hi), 1)
+                     & gl.expand_dims(lat_o < LORA, 0))
+            _cta_barrier()                     # the stage is read before the next pass
+        async_copy.wait_group(0)               # no copy outlives the program (flag launch)
 
-
-def compile_for_hopper(block_n: int = BLOCK_N, stages: int = STAGES) -> dict:
+def compile_for_hopper(block_n: int = BLOCK_N, stages: int = STAGES,
+                       fold_mixed: bool = True) -> dict:
     """Compile the kernel for sm_90 with the installed triton, no GPU needed (not under
     ``TRITON_INTERPRET=1``, which wraps triton's own helpers); returns
     ``{"shared": bytes, "registers": n, "stack": bytes}`` (the last two ``None`` when
@@ -297,7 +355,7 @@ def compile_for_hopper(block_n: int = BLOCK_N, stages: int = STAGES) -> dict:
                  "out_ptr": "*bf16", "out_stride_t": "i32", "out_stride_h": "i32",
                  "mixed_ptr": "*i32", "num_tokens": "i32", "width": "i32", "qk_scale": "fp32"}
     constexprs = dict(LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n,
-                      STAGES=stages, SCAN=SCAN, DIAG_NO_LOADS=0)
+                      STAGES=stages, SCAN=SCAN, FOLD_MIXED=int(fold_mixed), DIAG_NO_LOADS=0)
     # as a launch with 16-aligned pointers and strides specialises it (cp.async needs it)
     aligned = ("q_ptr", "q_stride_t", "q_stride_h", "kv_ptr", "kv_stride", "idx_ptr",
                "out_ptr", "out_stride_t", "out_stride_h", "mixed_ptr", "num_tokens")
@@ -351,10 +409,13 @@ def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: i
             and query.shape[1] % BLOCK_H == 0)
 
 
-def _launch(query, kv_cache, indices, scale, mixed_pass=True,
+def _launch(query, kv_cache, indices, scale, fold_mixed=FOLD_MIXED, mixed_pass=True,
             block_n=BLOCK_N, stages=STAGES, diag_no_loads=False):
-    """One launch; the keyword arguments are for measurements (``diag_no_loads``: time
-    the kernel without its KV copies after the first tiles; the result is then wrong)."""
+    """One launch. ``fold_mixed``: mixed groups are attended token by token inside the
+    kernel (one launch); else they are flagged and, with ``mixed_pass``, left to the
+    per-token Triton kernel. The other keyword arguments are for measurements
+    (``diag_no_loads``: the kernel without its KV copies after the first tiles; the
+    result is then wrong)."""
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty((num_tokens, num_heads, LORA), dtype=query.dtype, device=query.device)
     if num_tokens == 0:
@@ -365,15 +426,16 @@ def _launch(query, kv_cache, indices, scale, mixed_pass=True,
     indices = indices if indices.stride(-1) == 1 else indices.contiguous()
     width = indices.shape[1]
     groups = triton.cdiv(num_tokens, GROUP)
-    mixed = torch.empty(groups, dtype=torch.int32, device=query.device)
+    mixed = torch.empty(1 if fold_mixed else groups, dtype=torch.int32, device=query.device)
     _gluon_sparse_mla_kernel[(groups, num_heads // BLOCK_H)](
         query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
         out, out.stride(0), out.stride(1), mixed, num_tokens, width,
         float(scale) * math.log2(math.e),
         LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n, STAGES=stages,
-        SCAN=SCAN, DIAG_NO_LOADS=diag_no_loads, num_warps=NUM_WARPS)
+        SCAN=SCAN, FOLD_MIXED=bool(fold_mixed), DIAG_NO_LOADS=diag_no_loads,
+        num_warps=NUM_WARPS)
     # Tokens of mixed groups (causal rows, groups straddling requests): per token.
-    if mixed_pass:
+    if not fold_mixed and mixed_pass:
         launch_per_token(query, kv, indices, out, scale, LORA, mixed=mixed, group=GROUP)
     return out
 
