@@ -7,6 +7,16 @@
 # The Gluon sparse MLA kernel is forced on (DSPARK_MLA_GLUON=1) so that its tests and
 # the benchmark run it whatever VERIFIED_TRITON says. Last, the whole suite runs for at
 # most suite_timeout_s (default 300): torch's own Inductor may not support that triton.
+#
+# Building TRITON_TAR for the H200 (Python 3.12) on any x86-64 machine with pip and strip
+# (49 MB for triton 3.8.0, under the device tool's 64 MiB carry limit):
+#   pip download triton==3.8.0 --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 -d /tmp/t38
+#   cd /tmp/t38 && python3 -m zipfile -e triton-3.8.0-*.whl x && cd x
+#   rm -rf triton/backends/nvidia/lib/cupti* triton/backends/nvidia/bin/ptxas-blackwell \
+#     triton/backends/nvidia/bin/nvdisasm triton/_C/libproton.so triton/instrumentation/*.so
+#   strip --strip-unneeded triton/_C/libtriton.so
+#   tar cf - triton | xz -T0 -9 > triton38-cp312-min.tar.xz
 set -uo pipefail
 tar_path="${1:?usage: h200_other_triton.sh TRITON_TAR OUT_DIR [suite_timeout_s]}"
 out="${2:?usage: h200_other_triton.sh TRITON_TAR OUT_DIR [suite_timeout_s]}"

@@ -223,7 +223,6 @@ if HAVE_GLUON:
                 gl.store(mixed_ptr + pid_g, 1 - uniform)
             n_pass = uniform
 
-
         for g in range(n_pass):
             # this pass's tokens: [tok_lo, tok_hi); in a last group of fewer than GROUP
             # tokens the surplus passes redo its last token (the same values, rewritten)
