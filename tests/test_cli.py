@@ -103,22 +103,28 @@ def test_demo_prints_the_table_and_succeeds(capsys):
 
 
 def test_demo_counts_the_rewrites_also_when_inductor_caches_hit(tmp_path):
-    """A second demo process finds the compiled graphs in Inductor's on-disk caches
-    (same cache directory); it must still run the passes and report their rewrites."""
+    """A second demo process (window demo, then DSpark demo) finds the compiled graphs in
+    Inductor's on-disk caches (same cache directory); it must still run the passes and
+    report their rewrites."""
     import os
     import subprocess
     import sys
 
     script = ("from dspark_compile.demo import run_demo\n"
               "[row] = run_demo(context_lens=(80,), window_size=32, num_requests=2, repeats=1)\n"
-              "print(row.rewritten_calls, row.window_computations)\n")
+              "print(row.rewritten_calls, row.window_computations)\n"
+              "from dspark_compile.dspark_demo import run_dspark_demo\n"
+              "[row] = run_dspark_demo(context_lens=(80,), window_size=32, num_requests=2,\n"
+              "                        repeats=1)\n"
+              "print(row.rewritten_calls, row.tokens_equal, row.max_err < 1e-4)\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                               text=True, timeout=600)
-        assert done.returncode == 0 and done.stdout.split() == ["4", "1"], \
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == ["4", "1", "1", "True", "True"], \
             done.stdout + done.stderr[-3000:]
 
 
