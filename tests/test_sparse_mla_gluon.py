@@ -101,9 +101,10 @@ def test_gluon_launch_variants(variant, num_tokens, shared):
 
 
 @hopper_only
-def test_gluon_without_the_per_token_pass_leaves_exactly_the_mixed_groups():
-    """With the flag launch and no per-token pass, rows of uniform groups are already
-    final and the flags name exactly the groups whose index rows differ."""
+def test_gluon_flag_launch_finishes_uniform_groups_without_the_per_token_pass():
+    """With the flag launch and no per-token pass, the kernel alone writes the final
+    rows of a uniform group that sits between mixed ones (the per-token pass adds
+    nothing there)."""
     query, kv_cache, indices = _inputs(12, 16, 200, 8, 0.1, 2, True, seed=7)
     indices[4:8] = indices[4]                        # group 1 uniform, groups 0 and 2 mixed
     want = ref.sparse_mla_attention_ref(query, kv_cache, indices, SCALE, 512)
