@@ -452,9 +452,9 @@ def main(argv=None) -> int:
                         help="grouped launch shapes 'G,BH,BN,warps,stages,splits[,scan_block];...' "
                              "(splits 0: auto; scan_block default 2048; the default is the "
                              "op's own launch, GroupedMLAConfig())")
-    parser.add_argument("--markov-launches", default="1024,2,4",
+    parser.add_argument("--markov-launches", default="2048,8,8",
                         help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program];...' "
-                             "(the kernel's default launch is 1024,2,4)")
+                             "(the kernel's default launch is 2048,8,8)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")
     parser.add_argument("--prewarm", type=int, default=0,
                         help="compile the MLA variants first in this many processes")

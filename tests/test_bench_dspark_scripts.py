@@ -1,5 +1,5 @@
-"""benchmarks/bench_dspark_kernels.py, bench_peer_attention.py, bench_mla_gluon_variants.py
-and profile_kernels.py:
+"""benchmarks/bench_dspark_kernels.py, bench_peer_attention.py, bench_mla_gluon_variants.py,
+bench_markov_variants.py and profile_kernels.py:
 argument parsing and the no-GPU exit (their measurements need a CUDA device; results are under
 benchmarks/results/)."""
 
@@ -49,14 +49,14 @@ def test_mla_arithmetic_and_the_read_share_it_allows():
 
 def test_markov_launches_parse():
     bench = _load("bench_dspark_kernels")
-    assert bench.parse_markov_launches("4096,8,1;2048,4;") == [(4096, 8, 1), (2048, 4, 4)]
+    assert bench.parse_markov_launches("4096,8,1;2048,4;") == [(4096, 8, 1), (2048, 4, 8)]
     with pytest.raises(ValueError, match="--markov-launches entry '4096' is invalid"):
         bench.parse_markov_launches("4096")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 @pytest.mark.parametrize("name", ["bench_dspark_kernels", "bench_peer_attention",
-                                  "bench_mla_gluon_variants"])
+                                  "bench_mla_gluon_variants", "bench_markov_variants"])
 def test_scripts_exit_2_without_a_gpu(name, tmp_path, capsys):
     assert _load(name).main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -249,7 +249,7 @@ def test_fused_markov_sampling_ties_pick_the_first_index_and_signs_order():
 
 @pytest.mark.parametrize("block_v,num_warps,max_candidates,blocks_per_program",
                          [(128, 1, 8, 1), (1024, 4, 0, 1), (8192, 16, 1, 1), (2048, 8, 3, 1),
-                          (128, 4, 8, 7), (1024, 4, 1, 3), (512, 2, 0, 16)])
+                          (128, 4, 8, 7), (1024, 4, 1, 3), (512, 2, 0, 16), (256, 2, 8, 5)])
 def test_fused_markov_launch_knobs_do_not_change_tokens(block_v, num_warps, max_candidates,
                                                         blocks_per_program):
     """Blocks of 128 to 8192 tokens, 1 to 16 of them per program (40 programs per row
@@ -312,8 +312,9 @@ def _equal_noise_pair(seed, vocab, block):
 
 def _filter_rows(vocab, block, temperature):
     """Rows whose winner sits where the sampled-row filter is tested: (base [6, 1, V],
-    seeds, positions, tie). Row 0 random; 1: five tokens of one block within ~1e-5 of
-    each other on top; 2: an exact tie on top (equal noise, equal logit: ``tie[0]``
+    seeds, positions, tie). Row 0 random; 1: six tokens within ~1e-5 of each other on
+    top, five in one block and two in one lane (6 and block + 6: a program's lane keeps
+    only its best two); 2: an exact tie on top (equal noise, equal logit: ``tie[0]``
     wins); 3: a first block with no finite logit and half the rest -inf; 4: three
     logits whose quotient by T overflows to inf (the first, 5, wins); 5: every logit
     -inf (token 0)."""
@@ -323,8 +324,8 @@ def _filter_rows(vocab, block, temperature):
     seeds = torch.tensor([11, 12, 13, 14, 15, 16])
     positions = torch.tensor([77, 5, 0, 9, 2, 4])
     noise = gumbel_noise(seeds[1:2], positions[1:2], vocab)[0]
-    picked = torch.tensor([block + 6, block + 7, block + 300, 2 * block - 1, block])
-    base[1, 0, picked] = ((30.0 - noise[picked].double() + torch.arange(5) * 2e-6)
+    picked = torch.tensor([block + 6, block + 7, block + 300, 2 * block - 1, block, 6])
+    base[1, 0, picked] = ((30.0 - noise[picked].double() + torch.arange(6) * 2e-6)
                           * temperature).float()
     positions[2], tie = _equal_noise_pair(13, vocab, block)
     base[2, 0, list(tie)] = 40.0
@@ -355,6 +356,39 @@ def test_sampled_row_filter_gives_the_exact_tokens(wobble, max_candidates, block
             block_v=block, max_candidates=max_candidates, blocks_per_program=blocks_per_program,
             _approx_wobble=wobble * markov_triton.APPROX_ABS_BOUND)
     assert want[2, 0].item() == tie[0] and want[4, 0].item() == 5 and want[5, 0].item() == 0
+    assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("wobble", [0.9, -0.9])
+def test_a_lanes_second_best_approx_can_still_win(wobble):
+    """Two tokens one block apart (one lane of a program) are within 2e-5 of each other on
+    top, and the wobble pushes the exact loser's approx above the winner's: the lane's
+    best approx is then not the row's token, and the kernel must see that its second
+    best is a candidate too."""
+    from dspark_compile.models.markov_sampling import _mix32, gumbel_noise
+    vocab, block, temperature = 3000, 1024, 0.37
+    seeds, positions = torch.tensor([21]), torch.tensor([3])
+    lanes = torch.arange(block)
+    # the wobble's sign of a token, as the kernel computes it (0: pushed down if wobble > 0)
+    up = [(_mix32(torch.bitwise_xor(t, 0x9E3779B9)) & 1) for t in (lanes, lanes + block)]
+    lane = int(torch.nonzero(up[0] != up[1])[0])
+    pushed_down = lane if bool(up[0][lane] == (wobble < 0)) else lane + block
+    loser = lane + block if pushed_down == lane else lane
+    noise = gumbel_noise(seeds, positions, vocab)[0].double()
+    base = torch.randn(1, 1, vocab, generator=torch.Generator().manual_seed(8))
+    for token, margin in ((pushed_down, 2e-5), (loser, 0.0)):   # 5 ulps of 60
+        base[0, 0, token] = ((60.0 - noise[token] + margin) * temperature).float()
+    head = DSparkMarkovHead(vocab, 2)
+    with torch.no_grad():
+        head.bias.weight.zero_()                    # bias exactly 0: logits == base
+        args = [t.to(DEVICE) for t in (base, torch.zeros(1, dtype=torch.int64))]
+        want = sample_sequential(*args, head.to(DEVICE), temperature, seeds.to(DEVICE),
+                                 positions.to(DEVICE))
+        got = sample_sequential_triton(
+            *args, head.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE),
+            block_v=block, max_candidates=8, blocks_per_program=3,
+            _approx_wobble=wobble * markov_triton.APPROX_ABS_BOUND)
+    assert want[0, 0].item() == pushed_down
     assert torch.equal(got, want), (got, want)
 
 

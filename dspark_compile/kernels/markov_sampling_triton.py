@@ -17,21 +17,27 @@ _ABS + _REL * |approx|``: ``_ABS`` is 4x ``NOISE_ERROR_LIMIT``, which bounds the
 noise error over all 2**23 possible noise inputs (``gumbel_fast_error``
 measures it; a test checks it on the device it runs on), and ``_REL`` (2**-19)
 covers the roundings of ``1/T``, the product and the sums (3 x 2**-24 of
-``|logits / T|``). A token whose upper bound lies below the block's best lower
-bound cannot win or tie (docs/design.md, "DSpark indices"). A block with one
-candidate (99.9% of blocks on the benchmark's inputs) records it, and the recorded tokens get ``exact``
-together at the program's end; 2..``max_candidates`` candidates get it one at a
-time in index order; a block with more, or whose maximal ``approx`` is not
-finite or beyond 2**100, computes it for every token. Either way the program's
-(value, index) is the one ``exact`` defines.
+``|logits / T|``). A token whose upper bound lies below the program's best lower
+bound cannot win or tie (docs/design.md, "DSpark indices").
 
-Program (row, part) reduces ``blocks_per_program`` blocks of ``BLOCK_V`` tokens
-in turn (loading the next while it reduces one) and merges its best (value,
-index) into the row's winner with one 64-bit ``atomic_max`` on a key that
-orders by value, then by lower index. The row's last program to finish (an
-``atomic_add`` counter, acquire-release) decodes the winner and writes the
-token, which is the next step's ``prev``: one launch per step besides the
-head. No host synchronisation: the whole draft block captures as one CUDA
+Program (row, part) reads ``blocks_per_program`` blocks of ``BLOCK_V`` tokens in
+turn (loading the next while it folds one in). Lane ``p`` of a block sees the
+program's tokens ``p, p + BLOCK_V, ...`` in increasing order and keeps, with no
+cross-lane work until the span is done, its best value and that value's first
+token (greedy rows: the logit; sampled rows: ``approx``, and also its second best
+``approx``). Then one reduction gives the program's best. Sampled rows: the
+candidates are the lanes' best tokens whose upper bound reaches the best lower
+bound; if there are 1..``max_candidates`` of them and no lane's second best is a
+candidate, they get ``exact`` one at a time in index order (a single token on
+1023 of 1024 programs of two simulated benchmark steps: randn logits, T = 1);
+otherwise (more candidates, a lane holding
+two, or a maximal ``approx`` not finite or beyond 2**100) every token of the span
+gets ``exact``. Either way the program's (value, index) is the one ``exact``
+defines. The program merges it into the row's winner with one 64-bit
+``atomic_max`` on a key that orders by value, then by lower index. The row's last
+program to finish (an ``atomic_add`` counter, acquire-release) decodes the winner
+and writes the token, which is the next step's ``prev``: one launch per step
+besides the head. No host synchronisation: the whole draft block captures as one CUDA
 graph. Logits must not hold NaN (``torch.argmax`` would pick the NaN; this
 kernel does not).
 """
@@ -48,10 +54,10 @@ from triton.language.extra import libdevice
 
 from dspark_compile.kernels.sampling_args import check_sampling_args
 
-BLOCK_V = 1024              # H200 sweep (benchmarks/results/2026-11-30-h200-session7.md)
-NUM_WARPS = 2
+BLOCK_V = 2048              # H200 sweep (benchmarks/results/2026-12-01-h200-session10.md)
+NUM_WARPS = 8
 MAX_CANDIDATES = 8
-BLOCKS_PER_PROGRAM = 4
+BLOCKS_PER_PROGRAM = 8
 _NO_TOKEN = tl.constexpr(2147483647)
 _LN2 = tl.constexpr(0.6931471805599453)
 _SERIES_BELOW = tl.constexpr(2.0 ** -8)     # 1 - u below this: -ln(u) by its series
@@ -147,24 +153,6 @@ def _merge(best, first, value, token):
 
 
 @triton.jit
-def _sampled_block_filter(approx, tokens):
-    """(candidate mask, candidate count, the token if there is exactly one) of a block:
-    the tokens whose ``exact`` may reach the block's maximum, given ``approx`` within
-    ``_ABS + _REL * |approx|`` of ``exact``. The count is 0 when the block's maximal
-    ``approx`` is not finite or beyond 2**100: the filter does not apply."""
-    top = tl.max(approx, axis=0)
-    # lower bounds rise with approx, so the block's best is top's; a token is a
-    # candidate when its upper bound reaches it (at -inf, -inf + inf is NaN: never,
-    # and its exact value is -inf too)
-    floor = top - 2.0 * _ABS - _REL * tl.abs(top)
-    floor = tl.where(tl.abs(top) < _FINITE_LIMIT, floor, float("nan"))  # NaN: no candidate
-    candidate = approx + _REL * tl.abs(approx) >= floor
-    # one reduction: 2**32 x (candidate count) + (sum of candidate tokens)
-    tally = tl.sum(tl.where(candidate, tokens.to(tl.int64) + 4294967296, 0), axis=0)
-    return candidate, (tally >> 32).to(tl.int32), (tally & 4294967295).to(tl.int32)
-
-
-@triton.jit
 def _candidates_argmax(candidate, tokens, row_logits, row_bias, key, temperature,
                        LIBDEVICE: tl.constexpr):
     """(max, first token of the max) of ``exact`` over the candidates, one at a time."""
@@ -180,21 +168,68 @@ def _candidates_argmax(candidate, tokens, row_logits, row_bias, key, temperature
     return best, first
 
 
+@triton.jit
+def _exact_span_argmax(row_logits, row_bias, start, stop, key, temperature,
+                       BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """(max, first token of the max) of every token's ``exact`` in ``[start, stop)``."""
+    best = tl.full([], float("-inf"), tl.float32)
+    first = tl.full([], _NO_TOKEN, tl.int32)
+    for block_start in range(start, stop, BLOCK):
+        tokens = block_start + tl.arange(0, BLOCK)
+        in_vocab = tokens < stop
+        logits = (tl.load(row_logits + tokens, mask=in_vocab, other=0.0).to(tl.float32)
+                  + tl.load(row_bias + tokens, mask=in_vocab, other=0.0).to(tl.float32))
+        exact = tl.math.div_rn(logits, temperature) + _gumbel_exact(
+            _noise_bits(key, tokens), LIBDEVICE)
+        block_best, block_first = _block_argmax(
+            tl.where(in_vocab, exact + 0.0, float("-inf")), tokens)
+        best, first = _merge(best, first, block_best, block_first)
+    return best, first
+
+
+@triton.jit
+def _sampled_lanes_argmax(top, top_token, second, row_logits, row_bias, start, stop, key,
+                          temperature, BLOCK: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
+                          LIBDEVICE: tl.constexpr):
+    """The program's (max, first token of the max) of ``exact``, from each lane's best
+    ``approx`` (``top``, at ``top_token``) and second best (``second``).
+
+    A token is a candidate when its upper bound reaches the program's best lower bound
+    (module docstring). When no lane's second best is a candidate, the candidates are
+    the lanes' best tokens whose ``top`` is: 1..MAX_CANDIDATES of them get ``exact``
+    one at a time. Otherwise (more candidates, a lane with two, or a maximal ``approx``
+    not finite or beyond 2**100) every token of the span gets it."""
+    best_approx = tl.max(top, axis=0)
+    floor = best_approx - 2.0 * _ABS - _REL * tl.abs(best_approx)
+    floor = tl.where(tl.abs(best_approx) < _FINITE_LIMIT, floor, float("nan"))  # NaN: none
+    # at -inf, -inf + inf is NaN: never a candidate (its exact value is -inf too)
+    candidate = top + _REL * tl.abs(top) >= floor
+    crowded = tl.max((second + _REL * tl.abs(second) >= floor).to(tl.int32), axis=0)
+    count = tl.sum(candidate.to(tl.int32), axis=0)
+    if (crowded == 0) & (count >= 1) & (count <= MAX_CANDIDATES):
+        best, first = _candidates_argmax(candidate, top_token, row_logits, row_bias, key,
+                                         temperature, LIBDEVICE)
+    else:
+        best, first = _exact_span_argmax(row_logits, row_bias, start, stop, key, temperature,
+                                         BLOCK, LIBDEVICE)
+    return best, first
+
+
 @triton.jit(do_not_specialize=["step"])
 def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, seed_ptr,
                         pos_ptr, step, best_ptr, count_ptr, token_ptr, vocab, span,
                         SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr,
-                        MAX_CANDIDATES: tl.constexpr, SLOTS: tl.constexpr,
-                        APPROX_WOBBLE: tl.constexpr):
+                        MAX_CANDIDATES: tl.constexpr, APPROX_WOBBLE: tl.constexpr):
     """Program (row, part) reduces tokens ``[part * span, min((part + 1) * span, vocab))``
-    (``span`` = at most SLOTS blocks of BLOCK tokens) block by block, loading the next
-    block while it reduces one, then merges its (value, token) into the row's.
+    in blocks of BLOCK (loading the next while it folds one in), then merges its
+    (value, token) into the row's.
 
-    A sampled block whose filter leaves one candidate records that token in its slot;
-    the recorded tokens' exact values are computed together at the end. Blocks with
-    2..MAX_CANDIDATES candidates compute theirs one at a time; others every token's.
-    APPROX_WOBBLE (tests only; 0 otherwise) moves each approx up or down by that much,
-    to check that any approx within the bound gives the same tokens.
+    Lane ``p`` of the block sees tokens ``start + p + k * BLOCK`` in increasing order
+    and keeps its best value and that value's first token (greedy rows: the logit;
+    sampled rows: ``approx``, and the second best ``approx``). No cross-lane work
+    happens until the span is done. APPROX_WOBBLE (tests only; 0 otherwise) moves each
+    approx up or down by that much, to check that any approx within the bound gives the
+    same tokens.
     """
     row = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * span
@@ -208,14 +243,13 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
         inverse_temperature = tl.math.div_rn(1.0, temperature)
         key = _row_key(tl.load(seed_ptr + row).to(tl.int64),
                        tl.load(pos_ptr + row).to(tl.int64) + step)
-    best = tl.full([], float("-inf"), tl.float32)
-    first = tl.full([], _NO_TOKEN, tl.int32)
-    slots = tl.arange(0, SLOTS)
-    recorded = tl.full([SLOTS], _NO_TOKEN, tl.int32)
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    top_token = tl.full([BLOCK], _NO_TOKEN, tl.int32)
+    second = tl.full([BLOCK], float("-inf"), tl.float32)
     tokens = start + tl.arange(0, BLOCK)
     base = tl.load(row_logits + tokens, mask=tokens < stop, other=0.0)
     bias = tl.load(row_bias + tokens, mask=tokens < stop, other=0.0)
-    for slot in range(0, tl.cdiv(stop - start, BLOCK)):
+    for block in range(0, tl.cdiv(stop - start, BLOCK)):
         in_vocab = tokens < stop
         logits = base.to(tl.float32) + bias.to(tl.float32)
         next_tokens = tokens + BLOCK                          # prefetch the next block
@@ -223,39 +257,31 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
         bias = tl.load(row_bias + next_tokens, mask=next_tokens < stop, other=0.0)
         if SAMPLE:
             if sampled:
-                bits = _noise_bits(key, tokens)
-                approx = _approx_value(logits, bits, in_vocab, inverse_temperature, LIBDEVICE)
+                value = _approx_value(logits, _noise_bits(key, tokens), in_vocab,
+                                      inverse_temperature, LIBDEVICE)
                 if APPROX_WOBBLE != 0.0:
                     sign = (_mix32(tokens.to(tl.uint32) ^ 0x9E3779B9) & 1).to(tl.float32)
-                    approx += (2.0 * sign - 1.0) * APPROX_WOBBLE
-                candidate, count, single = _sampled_block_filter(approx, tokens)
-                if count == 1:
-                    recorded = tl.where(slots == slot, single, recorded)
-                elif (count > 1) & (count <= MAX_CANDIDATES):
-                    block_best, block_first = _candidates_argmax(
-                        candidate, tokens, row_logits, row_bias, key, temperature, LIBDEVICE)
-                    best, first = _merge(best, first, block_best, block_first)
-                else:
-                    exact = tl.math.div_rn(logits, temperature) + _gumbel_exact(bits, LIBDEVICE)
-                    block_best, block_first = _block_argmax(
-                        tl.where(in_vocab, exact + 0.0, float("-inf")), tokens)
-                    best, first = _merge(best, first, block_best, block_first)
+                    value += (2.0 * sign - 1.0) * APPROX_WOBBLE
+                second = tl.maximum(second, tl.minimum(value, top))
             else:
-                block_best, block_first = _greedy_block_argmax(logits, tokens, in_vocab)
-                best, first = _merge(best, first, block_best, block_first)
+                value = tl.where(in_vocab, logits + 0.0, float("-inf"))   # -0.0: +0.0
         else:
-            block_best, block_first = _greedy_block_argmax(logits, tokens, in_vocab)
-            best, first = _merge(best, first, block_best, block_first)
+            value = tl.where(in_vocab, logits + 0.0, float("-inf"))
+        take = (value > top) | (block == 0)        # strict: a lane keeps its first maximum
+        top_token = tl.where(take, tokens, top_token)
+        top = tl.where(take, value, top)
         tokens = next_tokens
+    # the lane maxima's first token; lanes of block 0 past the vocabulary hold tokens
+    # above every real one, so they win only where no token does (impossible: start < vocab)
     if SAMPLE:
-        if sampled:                                   # the recorded candidates, together
-            valid = recorded < _NO_TOKEN
-            logit = (tl.load(row_logits + recorded, mask=valid, other=0.0).to(tl.float32)
-                     + tl.load(row_bias + recorded, mask=valid, other=0.0).to(tl.float32))
-            exact = tl.where(valid, _exact_value(logit, recorded, key, temperature, LIBDEVICE),
-                             float("-inf"))
-            block_best, block_first = _block_argmax(exact, recorded)
-            best, first = _merge(best, first, block_best, block_first)
+        if sampled:
+            best, first = _sampled_lanes_argmax(top, top_token, second, row_logits, row_bias,
+                                                start, stop, key, temperature, BLOCK,
+                                                MAX_CANDIDATES, LIBDEVICE)
+        else:
+            best, first = _block_argmax(top, top_token)
+    else:
+        best, first = _block_argmax(top, top_token)
     bits = best.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
     low = tl.full([], 4294967295, dtype=tl.int64) - first.to(tl.int64)
@@ -299,10 +325,10 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
 
     Launch knobs (the tokens do not depend on them): ``block_v`` (a power of
     two >= 128) vocabulary entries per block, ``blocks_per_program`` (an int >= 1)
-    blocks reduced in turn by one program, ``num_warps`` (1, 2, 4, 8 or 16) and
-    ``max_candidates`` (an int >= 0: a block whose filter leaves more than one
-    candidate computes them one at a time if there are at most this many, else
-    every token's exact value). ``_approx_wobble`` is for tests (``_markov_step_kernel``).
+    blocks read in turn by one program, ``num_warps`` (1, 2, 4, 8 or 16) and
+    ``max_candidates`` (an int >= 0: a program whose filter leaves at most this many
+    candidates, one per lane, computes them one at a time, else every token's exact
+    value). ``_approx_wobble`` is for tests (``_markov_step_kernel``).
     """
     if not isinstance(block_v, int) or block_v < 128 or block_v & (block_v - 1):
         raise ValueError(f"block_v={block_v!r} is invalid: expected a power of two >= 128")
@@ -344,7 +370,6 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
             step_base, base_logits.stride(0), bias, bias.stride(0), temperature,
             seeds, positions, step, step_best, step_arrivals, step_tokens, vocab, span,
             SAMPLE=not greedy_only, LIBDEVICE=device.type == "cuda", BLOCK=block_v,
-            MAX_CANDIDATES=max_candidates, SLOTS=triton.next_power_of_2(blocks_per_program),
-            APPROX_WOBBLE=float(_approx_wobble), num_warps=num_warps)
+            MAX_CANDIDATES=max_candidates, APPROX_WOBBLE=float(_approx_wobble), num_warps=num_warps)
         prev = step_tokens
     return tokens.t().contiguous()

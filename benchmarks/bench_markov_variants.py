@@ -1,0 +1,126 @@
+"""The fused Markov sampler's launches side by side, and its sampling kernels apart from the head.
+
+    python benchmarks/bench_markov_variants.py [--baseline OLD_MODULE.py]
+        [--launches "BLOCK_V,warps[,blocks_per_program];..."] [--out DIR]
+
+Size: 64 requests x 8 steps, V = 129280, head rank 256, bf16, ``torch.randn`` logits
+(``bench_dspark_kernels.py``'s Markov section). Rows, all CUDA-graph replays, ``do_bench``
+median with L2 flushed: the reference under ``torch.compile(mode="reduce-overhead")``;
+the Markov head alone (8 x embedding + GEMM); then, for each launch of this checkout's
+``markov_sampling_triton.py`` and, with ``--baseline``, the default launch of another
+version of it (e.g. ``git show REV:dspark_compile/kernels/markov_sampling_triton.py``):
+the fused sampler (head included), its sampling kernels alone at T=1 (a head that returns
+a fixed bias) and greedy alone (T=0). Every fused row's tokens are first compared with
+``sample_sequential`` for bit equality (T=1 and mixed temperatures). Writes
+``markov_variants.json``; exits 1 if any tokens differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_dspark_kernels import bench_ms, graph_of, log, parse_markov_launches  # noqa: E402
+
+
+class FixedBias(nn.Module):
+    """A head that returns one stored ``[R, V]`` bias whatever ``prev`` is."""
+
+    def __init__(self, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.value = bias
+
+    def forward(self, prev: torch.Tensor) -> torch.Tensor:
+        return self.value
+
+
+def _module(path: str):
+    spec = importlib.util.spec_from_file_location("markov_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="another markov_sampling_triton.py to time beside")
+    parser.add_argument("--launches", default="2048,8,8",
+                        help="BLOCK_V,warps[,blocks_per_program];... of this checkout's kernel")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_markov_variants.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    from dspark_compile.kernels import markov_sampling_triton as current
+    from dspark_compile.models import DSparkMarkovHead, sample_sequential
+
+    launches = parse_markov_launches(args.launches)
+    torch.manual_seed(0)
+    reqs, steps, vocab, rank = 64, 8, 129280, 256
+    head = DSparkMarkovHead(vocab, rank).cuda().to(torch.bfloat16)
+    base = torch.randn(reqs, steps, vocab, device="cuda", dtype=torch.bfloat16)
+    anchors = torch.randint(0, vocab, (reqs,), device="cuda")
+    seeds = torch.randint(-2 ** 62, 2 ** 62, (reqs,), device="cuda")
+    positions = torch.randint(0, 2 ** 20, (reqs,), device="cuda")
+    ones = torch.ones(reqs, device="cuda")
+    mixed = torch.where(torch.arange(reqs, device="cuda") % 3 == 0, 0.0, 0.8)
+    fixed = FixedBias(head(anchors).detach())
+    results = {"torch": torch.__version__, "triton": triton.__version__,
+               "device": torch.cuda.get_device_name(), "baseline": args.baseline, "rows": []}
+
+    def record(name: str, us: float, **extra) -> None:
+        log(f"{name:72s} {us:8.1f} us {extra or ''}")
+        results["rows"].append({"variant": name, "us": us, **extra})
+
+    kernels = [(f"this checkout, BLOCK_V={b} warps={w} blocks/program={p}",
+                lambda *a, b=b, w=w, p=p, **k: current.sample_sequential_triton(
+                    *a, block_v=b, num_warps=w, blocks_per_program=p, **k))
+               for b, w, p in launches]
+    if args.baseline:
+        old = _module(args.baseline)
+        kernels.append(("baseline file, its default launch", old.sample_sequential_triton))
+    with torch.no_grad():
+        compiled = torch.compile(lambda: sample_sequential(base, anchors, head, ones, seeds,
+                                                           positions), mode="reduce-overhead")
+        for _ in range(3):
+            compiled()
+        record("reference, torch.compile reduce-overhead", 1e3 * bench_ms(compiled))
+        record("Markov head alone (8 x embedding + GEMM)", 1e3 * bench_ms(graph_of(
+            lambda: [head(anchors) for _ in range(steps)]).replay))
+        differ = 0
+        for name, fn in kernels:
+            mismatches = {}
+            for label, temp in (("T=1", ones), ("mixed", mixed)):
+                want = sample_sequential(base, anchors, head, temp, seeds, positions)
+                got = fn(base, anchors, head, temp, seeds, positions)
+                mismatches[label] = int((got != want).sum())
+            differ += sum(mismatches.values())
+            fused = 1e3 * bench_ms(graph_of(
+                lambda: fn(base, anchors, head, ones, seeds, positions)).replay)
+            sampled = 1e3 * bench_ms(graph_of(
+                lambda: fn(base, anchors, fixed, ones, seeds, positions)).replay)
+            greedy = 1e3 * bench_ms(graph_of(
+                lambda: fn(base, anchors, fixed, 0.0, seeds, positions)).replay)
+            record(f"{name}: fused", fused, token_mismatches=mismatches)
+            record(f"{name}: sampling kernels alone, T=1", sampled)
+            record(f"{name}: greedy kernels alone", greedy)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "markov_variants.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    if differ:
+        print(f"FAILED: {differ} tokens differ from sample_sequential", file=sys.stderr)
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
