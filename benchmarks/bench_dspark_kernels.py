@@ -39,7 +39,7 @@ import os
 import platform
 import sys
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -160,11 +160,10 @@ def parse_mla_configs(text: str):
     return configs
 
 
-def parse_markov_launches(text: str) -> list[tuple[int, int, int]]:
+def parse_markov_launches(text: str) -> list[tuple[int, int, Optional[int]]]:
     """``'BLOCK_V,warps[,blocks_per_program];...'`` -> ``[(block_v, num_warps,
-    blocks_per_program), ...]`` (blocks_per_program defaults to the kernel's)."""
-    from dspark_compile.kernels.markov_sampling_triton import BLOCKS_PER_PROGRAM
-
+    blocks_per_program), ...]`` (blocks_per_program None when omitted: the kernel's
+    default for the call)."""
     launches = []
     for item in filter(None, text.split(";")):
         fields = item.split(",")
@@ -172,7 +171,7 @@ def parse_markov_launches(text: str) -> list[tuple[int, int, int]]:
             raise ValueError(f"--markov-launches entry {item!r} is invalid: expected "
                              f"BLOCK_V,warps[,blocks_per_program]")
         launches.append((int(fields[0]), int(fields[1]),
-                         int(fields[2]) if len(fields) == 3 else BLOCKS_PER_PROGRAM))
+                         int(fields[2]) if len(fields) == 3 else None))
     return launches
 
 
@@ -334,7 +333,7 @@ def section_markov(args, ceiling: float) -> None:
             same = bool(torch.equal(launch_step(), want))
             ms = bench_ms(graph_of(launch_step).replay)
             launch_rows.append([f"fused kernel, CUDA graph, BLOCK_V={block_v} warps={warps} "
-                                f"blocks/program={per_program}"
+                                f"blocks/program={per_program or 'default'}"
                                 + ("" if same else " (TOKENS DIFFER)"), ms * 1e3,
                                 logits_bytes / ms / 1e6 / ceiling,
                                 (logits_bytes + weight_bytes) / ms / 1e6 / ceiling])
@@ -452,9 +451,9 @@ def main(argv=None) -> int:
                         help="grouped launch shapes 'G,BH,BN,warps,stages,splits[,scan_block];...' "
                              "(splits 0: auto; scan_block default 2048; the default is the "
                              "op's own launch, GroupedMLAConfig())")
-    parser.add_argument("--markov-launches", default="2048,8,8",
+    parser.add_argument("--markov-launches", default="2048,8",
                         help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program];...' "
-                             "(the kernel's default launch is 2048,8,8)")
+                             "(the kernel's default launch is 2048,8 with 16 blocks per program when sampling)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")
     parser.add_argument("--prewarm", type=int, default=0,
                         help="compile the MLA variants first in this many processes")

@@ -52,7 +52,7 @@ def _module(path: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="another markov_sampling_triton.py to time beside")
-    parser.add_argument("--launches", default="2048,8,8",
+    parser.add_argument("--launches", default="2048,8",
                         help="BLOCK_V,warps[,blocks_per_program];... of this checkout's kernel")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         log(f"{name:72s} {us:8.1f} us {extra or ''}")
         results["rows"].append({"variant": name, "us": us, **extra})
 
-    kernels = [(f"this checkout, BLOCK_V={b} warps={w} blocks/program={p}",
+    kernels = [(f"this checkout, BLOCK_V={b} warps={w} blocks/program={p or 'default'}",
                 lambda *a, b=b, w=w, p=p, **k: current.sample_sequential_triton(
                     *a, block_v=b, num_warps=w, blocks_per_program=p, **k))
                for b, w, p in launches]

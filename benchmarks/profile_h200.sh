@@ -17,7 +17,7 @@ for case in "${cases[@]}"; do
   case "$case" in
     mla) kernel=_grouped_sparse_mla_kernel ;;
     mla-gluon|mla-gluon-noloads) kernel=_gluon_sparse_mla_kernel ;;
-    markov) kernel=_markov_step_kernel ;;
+    markov|markov-greedy) kernel=_markov_step_kernel ;;
     *) kernel=_paged_attention_kernel ;;
   esac
   echo "[$(date -u +%H:%M:%S)] profiling $case ($kernel)"

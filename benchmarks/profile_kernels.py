@@ -12,7 +12,8 @@ mla            grouped sparse MLA, 64 requests x 8 tokens, 32k, W 2048, non-caus
 mla-gluon      the Gluon sparse MLA kernel (Hopper) at the same size, no per-token pass
 mla-gluon-noloads  the same without its KV copies after the first tiles (wrong result;
                the difference to mla-gluon is what the copies cost)
-markov         Markov sampling, 64 requests x 8 steps, V 129280 (8 step kernels a call)
+markov         Markov sampling, 64 requests x 8 steps, V 129280 (8 step kernels a call), T=1
+markov-greedy  the same at T=0 (no noise: what a step costs for its bytes alone)
 
 Each case calls its op ``--calls`` times (default 3: the first compiles), then
 synchronises. It times nothing: the profiler's report is the output.
@@ -30,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 CASES = ("decode-window", "decode-full", "block16", "mla", "mla-gluon", "mla-gluon-noloads",
-         "markov")
+         "markov", "markov-greedy")
 
 
 def paged_case(batch: int, context: int, q_len: int, window):
@@ -72,7 +73,7 @@ def mla_case(kernel: str = "grouped"):
                                  diag_no_loads=kernel == "gluon-noloads")
 
 
-def markov_case():
+def markov_case(temperature: float = 1.0):
     from dspark_compile.kernels.markov_sampling_triton import sample_sequential_triton
     from dspark_compile.models import DSparkMarkovHead
 
@@ -82,7 +83,7 @@ def markov_case():
     base = torch.randn(reqs, steps, vocab, device="cuda", dtype=torch.bfloat16)
     anchors = torch.randint(0, vocab, (reqs,), device="cuda")
     seeds = torch.randint(-2 ** 62, 2 ** 62, (reqs,), device="cuda")
-    temps = torch.ones(reqs, device="cuda")
+    temps = torch.full((reqs,), temperature, device="cuda")
     return lambda: sample_sequential_triton(base, anchors, head, temps, seeds)
 
 
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
           "block16": lambda: paged_case(32, 131072, 16, None),
           "mla": mla_case, "mla-gluon": lambda: mla_case("gluon"),
           "mla-gluon-noloads": lambda: mla_case("gluon-noloads"),
-          "markov": markov_case}[args.case]()
+          "markov": markov_case, "markov-greedy": lambda: markov_case(0.0)}[args.case]()
     with torch.no_grad():
         for _ in range(args.calls):
             fn()

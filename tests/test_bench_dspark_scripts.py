@@ -49,7 +49,7 @@ def test_mla_arithmetic_and_the_read_share_it_allows():
 
 def test_markov_launches_parse():
     bench = _load("bench_dspark_kernels")
-    assert bench.parse_markov_launches("4096,8,1;2048,4;") == [(4096, 8, 1), (2048, 4, 8)]
+    assert bench.parse_markov_launches("4096,8,1;2048,4;") == [(4096, 8, 1), (2048, 4, None)]
     with pytest.raises(ValueError, match="--markov-launches entry '4096' is invalid"):
         bench.parse_markov_launches("4096")
 

@@ -57,7 +57,8 @@ from dspark_compile.kernels.sampling_args import check_sampling_args
 BLOCK_V = 2048              # H200 sweep (benchmarks/results/2026-12-01-h200-session10.md)
 NUM_WARPS = 8
 MAX_CANDIDATES = 8
-BLOCKS_PER_PROGRAM = 8
+BLOCKS_PER_PROGRAM = 16         # rows that sample (fewer, longer programs: faster there)
+GREEDY_BLOCKS_PER_PROGRAM = 8   # calls whose temperature is the number 0
 _NO_TOKEN = tl.constexpr(2147483647)
 _LN2 = tl.constexpr(0.6931471805599453)
 _SERIES_BELOW = tl.constexpr(2.0 ** -8)     # 1 - u below this: -ln(u) by its series
@@ -319,13 +320,14 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
                              seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
                              *, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
                              max_candidates: int = MAX_CANDIDATES,
-                             blocks_per_program: int = BLOCKS_PER_PROGRAM,
+                             blocks_per_program: Optional[int] = None,
                              _approx_wobble: float = 0.0) -> torch.Tensor:
     """``sample_sequential`` with one fused kernel per step; ``[R, N]`` int64 tokens.
 
     Launch knobs (the tokens do not depend on them): ``block_v`` (a power of
     two >= 128) vocabulary entries per block, ``blocks_per_program`` (an int >= 1)
-    blocks read in turn by one program, ``num_warps`` (1, 2, 4, 8 or 16) and
+    blocks read in turn by one program (default: ``GREEDY_BLOCKS_PER_PROGRAM`` when
+    ``temperature`` is the number 0, else ``BLOCKS_PER_PROGRAM``; H200 sweep), ``num_warps`` (1, 2, 4, 8 or 16) and
     ``max_candidates`` (an int >= 0: a program whose filter leaves at most this many
     candidates, one per lane, computes them one at a time, else every token's exact
     value). ``_approx_wobble`` is for tests (``_markov_step_kernel``).
@@ -337,12 +339,15 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     if not isinstance(max_candidates, int) or isinstance(max_candidates, bool) \
             or max_candidates < 0:
         raise ValueError(f"max_candidates={max_candidates!r} is invalid: expected an int >= 0")
-    if not isinstance(blocks_per_program, int) or isinstance(blocks_per_program, bool) \
-            or blocks_per_program < 1:
+    if blocks_per_program is not None and (
+            not isinstance(blocks_per_program, int) or isinstance(blocks_per_program, bool)
+            or blocks_per_program < 1):
         raise ValueError(f"blocks_per_program={blocks_per_program!r} is invalid: expected an "
-                         f"int >= 1")
+                         f"int >= 1 or None")
     temperature, positions, greedy_only = check_sampling_args(base_logits, anchor_tokens,
                                                               temperature, seeds, positions)
+    if blocks_per_program is None:
+        blocks_per_program = GREEDY_BLOCKS_PER_PROGRAM if greedy_only else BLOCKS_PER_PROGRAM
     num_reqs, num_steps, vocab = base_logits.shape
     device = base_logits.device
     if num_steps == 0 or num_reqs == 0:
