@@ -73,6 +73,17 @@ def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     return capture_cuda_graph(fn)[0]
 
 
+def load_module_file(path: str, name: str):
+    """Import the Python file at ``path`` as module ``name`` (another version of a kernel
+    file, timed beside this checkout's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.double(), want.double()
     return float((got - want).norm() / want.norm().clamp_min(1e-30))

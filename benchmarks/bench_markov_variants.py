@@ -18,7 +18,6 @@ a fixed bias) and greedy alone (T=0). Every fused row's tokens are first compare
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -28,7 +27,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_dspark_kernels import bench_ms, graph_of, log, parse_markov_launches  # noqa: E402
+from bench_dspark_kernels import (bench_ms, graph_of, load_module_file, log,  # noqa: E402
+                                  parse_markov_launches)
 
 
 class FixedBias(nn.Module):
@@ -40,13 +40,6 @@ class FixedBias(nn.Module):
 
     def forward(self, prev: torch.Tensor) -> torch.Tensor:
         return self.value
-
-
-def _module(path: str):
-    spec = importlib.util.spec_from_file_location("markov_baseline", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv=None) -> int:
@@ -87,7 +80,7 @@ def main(argv=None) -> int:
                     *a, block_v=b, num_warps=w, blocks_per_program=p, **k))
                for b, w, p in launches]
     if args.baseline:
-        old = _module(args.baseline)
+        old = load_module_file(args.baseline, "markov_baseline")
         kernels.append(("baseline file, its default launch", old.sample_sequential_triton))
     with torch.no_grad():
         compiled = torch.compile(lambda: sample_sequential(base, anchors, head, ones, seeds,

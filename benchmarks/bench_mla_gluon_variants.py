@@ -15,7 +15,6 @@ diagnostic is checked against the torch reference first. Writes ``gluon_variants
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -25,14 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_dspark_kernels import bench_ms, graph_of, log, mla_inputs, rel_err  # noqa: E402
-
-
-def _module(path: str):
-    spec = importlib.util.spec_from_file_location("gluon_baseline", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_dspark_kernels import (bench_ms, graph_of, load_module_file, log,  # noqa: E402
+                                  mla_inputs, rel_err)
 
 
 def main(argv=None) -> int:
@@ -65,7 +58,7 @@ def main(argv=None) -> int:
             diag_no_loads=True),
     }
     if args.baseline:
-        old = _module(args.baseline)
+        old = load_module_file(args.baseline, "gluon_baseline")
         variants["baseline file, its default launch"] = lambda idx: old._launch(
             query, kv_cache, idx, scale)
     results = {"torch": torch.__version__, "triton": triton.__version__,

@@ -336,6 +336,17 @@ def _filter_rows(vocab, block, temperature):
     return base, seeds, positions, tie
 
 
+def _sample_without_bias(base, temperature, seeds, positions, **knobs):
+    """(``sample_sequential``, ``sample_sequential_triton(**knobs)``) tokens of ``base``
+    [R, N, V] (CPU) through a Markov head whose bias is exactly 0 (logits == base)."""
+    head = DSparkMarkovHead(base.shape[-1], 2)
+    with torch.no_grad():
+        head.bias.weight.zero_()
+        args = (base.to(DEVICE), torch.zeros(base.shape[0], dtype=torch.int64, device=DEVICE),
+                head.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE))
+        return sample_sequential(*args), sample_sequential_triton(*args, **knobs)
+
+
 @pytest.mark.parametrize("wobble", [0.0, 0.9, -0.9])
 @pytest.mark.parametrize("max_candidates,blocks_per_program", [(8, 1), (2, 3), (0, 2)])
 def test_sampled_row_filter_gives_the_exact_tokens(wobble, max_candidates, blocks_per_program):
@@ -345,16 +356,10 @@ def test_sampled_row_filter_gives_the_exact_tokens(wobble, max_candidates, block
     candidates take them one at a time (8) or compute every token's exact value (2, 0)."""
     vocab, block, temperature = 3000, 1024, 0.37
     base, seeds, positions, tie = _filter_rows(vocab, block, temperature)
-    head = DSparkMarkovHead(vocab, 2)
-    with torch.no_grad():
-        head.bias.weight.zero_()                    # bias exactly 0: logits == base
-        args = [t.to(DEVICE) for t in (base, torch.zeros(6, dtype=torch.int64))]
-        want = sample_sequential(*args, head.to(DEVICE), temperature, seeds.to(DEVICE),
-                                 positions.to(DEVICE))
-        got = sample_sequential_triton(
-            *args, head.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE),
-            block_v=block, max_candidates=max_candidates, blocks_per_program=blocks_per_program,
-            _approx_wobble=wobble * markov_triton.APPROX_ABS_BOUND)
+    want, got = _sample_without_bias(
+        base, temperature, seeds, positions, block_v=block, max_candidates=max_candidates,
+        blocks_per_program=blocks_per_program,
+        _approx_wobble=wobble * markov_triton.APPROX_ABS_BOUND)
     assert want[2, 0].item() == tie[0] and want[4, 0].item() == 5 and want[5, 0].item() == 0
     assert torch.equal(got, want), (got, want)
 
@@ -378,16 +383,9 @@ def test_a_lanes_second_best_approx_can_still_win(wobble):
     base = torch.randn(1, 1, vocab, generator=torch.Generator().manual_seed(8))
     for token, margin in ((pushed_down, 2e-5), (loser, 0.0)):   # 5 ulps of 60
         base[0, 0, token] = ((60.0 - noise[token] + margin) * temperature).float()
-    head = DSparkMarkovHead(vocab, 2)
-    with torch.no_grad():
-        head.bias.weight.zero_()                    # bias exactly 0: logits == base
-        args = [t.to(DEVICE) for t in (base, torch.zeros(1, dtype=torch.int64))]
-        want = sample_sequential(*args, head.to(DEVICE), temperature, seeds.to(DEVICE),
-                                 positions.to(DEVICE))
-        got = sample_sequential_triton(
-            *args, head.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE),
-            block_v=block, max_candidates=8, blocks_per_program=3,
-            _approx_wobble=wobble * markov_triton.APPROX_ABS_BOUND)
+    want, got = _sample_without_bias(
+        base, temperature, seeds, positions, block_v=block, max_candidates=8,
+        blocks_per_program=3, _approx_wobble=wobble * markov_triton.APPROX_ABS_BOUND)
     assert want[0, 0].item() == pushed_down
     assert torch.equal(got, want), (got, want)
 
