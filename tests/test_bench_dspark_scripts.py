@@ -54,6 +54,18 @@ def test_markov_launches_parse():
         bench.parse_markov_launches("4096")
 
 
+def test_a_baseline_kernel_file_loads_as_its_own_module():
+    """``--baseline OLD.py``: the file is imported beside this checkout's module, not
+    instead of it."""
+    from dspark_compile.kernels import markov_sampling_triton as current
+
+    bench = _load("bench_dspark_kernels")
+    old = bench.load_module_file(current.__file__, "markov_baseline")
+    assert old is not current and old.__name__ == "markov_baseline"
+    assert old.sample_sequential_triton is not current.sample_sequential_triton
+    assert old.BLOCK_V == current.BLOCK_V
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 @pytest.mark.parametrize("name", ["bench_dspark_kernels", "bench_peer_attention",
                                   "bench_mla_gluon_variants", "bench_markov_variants"])
