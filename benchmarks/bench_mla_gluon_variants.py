@@ -5,8 +5,9 @@
 Inputs: ``bench_dspark_kernels.mla_inputs`` (64 requests x 8 tokens, 32k context,
 W 2048, 16 heads, bf16 512+64), non-causal and causal index rows. Rows timed (CUDA
 graph replay, ``do_bench`` median, L2 flushed): the op's launch (mixed groups folded
-into the kernel), the flag + per-token-kernel launch, the kernel without its KV copies
-(``diag_no_loads``: a wrong result, timed to price the copies), and, with
+into the kernel), the flag + per-token-kernel launch, the per-token Triton kernel alone
+(the ratio's denominator in issue 12), the kernel without its KV copies (``diag_no_loads``: a
+wrong result, timed to price the copies), and, with
 ``--baseline``, the same launch of another version of ``sparse_mla_gluon.py`` (e.g.
 ``git show REV:dspark_compile/kernels/sparse_mla_gluon.py``). Every row but the
 diagnostic is checked against the torch reference first. Writes ``gluon_variants.json``.
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
 
     from dspark_compile.kernels import sparse_mla as ref
     from dspark_compile.kernels import sparse_mla_gluon as glu
+    from dspark_compile.kernels import sparse_mla_triton as per_token
 
     if not glu.HAVE_GLUON:
         print(f"triton {triton.__version__} has no Gluon", file=sys.stderr)
@@ -53,6 +55,8 @@ def main(argv=None) -> int:
             query, kv_cache, idx, scale, fold_mixed=True),
         "flag + per-token kernel": lambda idx: glu._launch(
             query, kv_cache, idx, scale, fold_mixed=False),
+        "per-token Triton kernel (issue 12's 'today's kernel')": lambda idx:
+            per_token.sparse_mla_attention_triton(query, kv_cache, idx, scale, lora),
         "kernel alone, no KV copies (diagnostic, wrong result)": lambda idx: glu._launch(
             query, kv_cache, idx, scale, fold_mixed=False, mixed_pass=False,
             diag_no_loads=True),
