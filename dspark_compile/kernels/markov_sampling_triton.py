@@ -30,16 +30,15 @@ candidates are the lanes' best tokens whose upper bound reaches the best lower
 bound; if there are 1..``max_candidates`` of them and no lane's second best is a
 candidate, they get ``exact`` one at a time in index order (a single token on
 1023 of 1024 programs of two simulated benchmark steps: randn logits, T = 1);
-otherwise (more candidates, a lane holding
-two, or a maximal ``approx`` not finite or beyond 2**100) every token of the span
-gets ``exact``. Either way the program's (value, index) is the one ``exact``
-defines. The program merges it into the row's winner with one 64-bit
-``atomic_max`` on a key that orders by value, then by lower index. The row's last
-program to finish (an ``atomic_add`` counter, acquire-release) decodes the winner
-and writes the token, which is the next step's ``prev``: one launch per step
-besides the head. No host synchronisation: the whole draft block captures as one CUDA
-graph. Logits must not hold NaN (``torch.argmax`` would pick the NaN; this
-kernel does not).
+otherwise (more candidates, a lane holding two, or a maximal ``approx`` not finite
+or beyond 2**100) every token of the span gets ``exact``. Either way the program's
+(value, index) is the one ``exact`` defines. The program merges it into the row's
+winner with one 64-bit ``atomic_max`` on a key that orders by value, then by lower
+index. The row's last program to finish (an ``atomic_add`` counter,
+acquire-release) decodes the winner and writes the token, which is the next step's
+``prev``: one launch per step besides the head. No host synchronisation: the whole
+draft block captures as one CUDA graph. Logits must not hold NaN (``torch.argmax``
+would pick the NaN; this kernel does not).
 """
 
 from __future__ import annotations
