@@ -464,7 +464,8 @@ def main(argv=None) -> int:
                              "op's own launch, GroupedMLAConfig())")
     parser.add_argument("--markov-launches", default="2048,8",
                         help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program];...' "
-                             "(the kernel's default launch is 2048,8 with 16 blocks per program when sampling)")
+                             "(the kernel's default: 2048,8 with 16 blocks per program "
+                             "when sampling, 8 when greedy)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")
     parser.add_argument("--prewarm", type=int, default=0,
                         help="compile the MLA variants first in this many processes")

@@ -6,8 +6,8 @@ Inputs: ``bench_dspark_kernels.mla_inputs`` (64 requests x 8 tokens, 32k context
 W 2048, 16 heads, bf16 512+64), non-causal and causal index rows. Rows timed (CUDA
 graph replay, ``do_bench`` median, L2 flushed): the op's launch (mixed groups folded
 into the kernel), the flag + per-token-kernel launch, the per-token Triton kernel alone
-(the ratio's denominator in issue 12), the kernel without its KV copies (``diag_no_loads``: a
-wrong result, timed to price the copies), and, with
+(the ratio's denominator in issue 12), the kernel without its KV copies
+(``diag_no_loads``: a wrong result, timed to price the copies), and, with
 ``--baseline``, the same launch of another version of ``sparse_mla_gluon.py`` (e.g.
 ``git show REV:dspark_compile/kernels/sparse_mla_gluon.py``). Every row but the
 diagnostic is checked against the torch reference first. Writes ``gluon_variants.json``.

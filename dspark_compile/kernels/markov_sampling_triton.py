@@ -126,11 +126,6 @@ def _block_argmax(value, tokens):
 
 
 @triton.jit
-def _greedy_block_argmax(logits, tokens, in_vocab):
-    return _block_argmax(tl.where(in_vocab, logits + 0.0, float("-inf")), tokens)  # -0.0: +0.0
-
-
-@triton.jit
 def _exact_value(logit, token, key, temperature, LIBDEVICE: tl.constexpr):
     """``div_rn(logit, T) + noise`` as the reference computes it; -0.0 made +0.0."""
     return (tl.math.div_rn(logit, temperature)
@@ -326,10 +321,11 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     Launch knobs (the tokens do not depend on them): ``block_v`` (a power of
     two >= 128) vocabulary entries per block, ``blocks_per_program`` (an int >= 1)
     blocks read in turn by one program (default: ``GREEDY_BLOCKS_PER_PROGRAM`` when
-    ``temperature`` is the number 0, else ``BLOCKS_PER_PROGRAM``; H200 sweep), ``num_warps`` (1, 2, 4, 8 or 16) and
-    ``max_candidates`` (an int >= 0: a program whose filter leaves at most this many
-    candidates, one per lane, computes them one at a time, else every token's exact
-    value). ``_approx_wobble`` is for tests (``_markov_step_kernel``).
+    ``temperature`` is the number 0, else ``BLOCKS_PER_PROGRAM``; H200 sweep),
+    ``num_warps`` (1, 2, 4, 8 or 16) and ``max_candidates`` (an int >= 0: a program
+    whose filter leaves at most this many candidates, one per lane, computes them one
+    at a time, else every token's exact value). ``_approx_wobble`` is for tests
+    (``_markov_step_kernel``).
     """
     if not isinstance(block_v, int) or block_v < 128 or block_v & (block_v - 1):
         raise ValueError(f"block_v={block_v!r} is invalid: expected a power of two >= 128")
