@@ -10,40 +10,40 @@ the argmax of ``exact = div_rn(logits, T) + g`` with ``g`` the noise of
 same 32-bit hash and, on CUDA, libdevice ``logf`` as torch uses. The first
 maximal index wins, as in ``torch.argmax``.
 
-Sampled rows filter before they compute ``exact``. Every token gets a cheap
-``approx = logits * div_rn(1, T) + g_fast`` (hardware ``lg2.approx``; a series
-for ``-ln(u)`` when ``u`` is within 2**-8 of 1), with ``|approx - exact| <=
-_ABS + _REL * |approx|``: ``_ABS`` is 4x ``NOISE_ERROR_LIMIT``, which bounds the
-noise error over all 2**23 possible noise inputs (``gumbel_fast_error``
-measures it; a test checks it on the device it runs on), and ``_REL`` (2**-19)
-covers the roundings of ``1/T``, the product and the sums (3 x 2**-24 of
-``|logits / T|``). A token whose upper bound lies below the program's best lower
-bound cannot win or tie (docs/design.md, "DSpark indices").
+Sampled rows filter before they compute ``exact``. Every token gets a cheap upper
+bound ``upper = logits * div_rn(1, T) + g_upper`` with no transcendental function:
+``g <= -ln(1 - u)``, and ``-log2`` of a float is bounded by reading its bits as a
+number (``_gumbel_upper``; in the Gumbel tail it exceeds ``g`` by at most about 0.06).
+``exact <= upper + _ABS + _REL * |upper|``: ``_ABS`` is 16x ``NOISE_SHORTFALL_LIMIT``,
+which bounds what float roundings and ``logf`` take from ``g_upper`` over all 2**23
+possible noise inputs (``gumbel_upper_error`` measures it; a test checks it on the
+device it runs on), and ``_REL`` (2**-19) covers the roundings of ``1/T``, the product
+and the sums (3 x 2**-24 of ``|logits / T|``).
 
-Program (row, part) reads ``blocks_per_program`` blocks of ``BLOCK_V`` tokens in
-turn (loading the next while it folds one in). Lane ``p`` of a block sees the
-program's tokens ``p, p + BLOCK_V, ...`` in increasing order and keeps, with no
-cross-lane work until the span is done, its best value and that value's first
-token (greedy rows: the logit; sampled rows: ``approx``, and also its second best
-``approx``). Then one reduction gives the program's best. Sampled rows: the
-candidates are the lanes' best tokens whose upper bound reaches the best lower
-bound; if there are 1..``max_candidates`` of them and no lane's second best is a
-candidate, they get ``exact`` one at a time in index order (a single token on
-1023 of 1024 programs of two simulated benchmark steps: randn logits, T = 1);
-otherwise (more candidates, a lane holding two, or a maximal ``approx`` not finite
-or beyond 2**100) every token of the span gets ``exact``. Either way the program's
-(value, index) is the one ``exact`` defines. The program merges it into the row's
-winner with one 64-bit ``atomic_max`` on a key that orders by value, then by lower
-index. The row's last program to finish (an ``atomic_add`` counter,
-acquire-release) decodes the winner and writes the token, which is the next step's
-``prev``: one launch per step besides the head. No host synchronisation: the whole
-draft block captures as one CUDA graph. Logits must not hold NaN (``torch.argmax``
-would pick the NaN; this kernel does not).
+Program (row, part) reads ``blocks_per_program`` blocks of ``BLOCK_V`` tokens in turn,
+``num_stages`` whole blocks' loads in flight (a software pipeline; only a partial last
+block is masked). Lane ``p`` of a block sees the program's tokens ``p, p + BLOCK_V,
+...`` in increasing order and keeps, with no cross-lane work until the span is done,
+its best value and that value's first token (greedy rows: the logit; sampled rows:
+``upper``, and also its second best ``upper``). Then one reduction gives the program's
+best. Sampled rows: the token of the largest ``upper`` (the pivot) gets ``exact``; the
+candidates are the lanes' best tokens whose ``upper`` can still reach it. If there are
+1..``max_candidates`` of them (the pivot included) and no lane's second best is a
+candidate, they get ``exact`` one at a time in index order; otherwise (more
+candidates, a lane holding two, or the largest ``upper`` or the pivot's ``exact`` not
+finite or beyond 2**100) every token of the span gets ``exact``. Either way the
+program's (value, index) is the one ``exact`` defines. The program merges it into the
+row's winner with one relaxed 64-bit ``atomic_max`` on a key that orders by value,
+then by lower index. The row's last program to finish (an acquire-release
+``atomic_add`` counter) decodes the winner and writes the token, which is the next
+step's ``prev``: one launch per step besides the head. No host synchronisation: the
+whole draft block captures as one CUDA graph. Logits must not hold NaN
+(``torch.argmax`` would pick the NaN; this kernel does not).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import triton
@@ -53,17 +53,17 @@ from triton.language.extra import libdevice
 
 from dspark_compile.kernels.sampling_args import check_sampling_args
 
-BLOCK_V = 2048              # H200 sweep (benchmarks/results/2026-12-01-h200-session10.md)
+BLOCK_V = 2048              # H200 sweeps (benchmarks/results/2026-12-01-h200-session11.md)
 NUM_WARPS = 8
+NUM_STAGES = 4              # whole blocks whose loads are in flight (software-pipelined)
 MAX_CANDIDATES = 8
 BLOCKS_PER_PROGRAM = 16         # rows that sample (fewer, longer programs: faster there)
 GREEDY_BLOCKS_PER_PROGRAM = 8   # calls whose temperature is the number 0
 _NO_TOKEN = tl.constexpr(2147483647)
 _LN2 = tl.constexpr(0.6931471805599453)
-_SERIES_BELOW = tl.constexpr(2.0 ** -8)     # 1 - u below this: -ln(u) by its series
-NOISE_ERROR_LIMIT = 2.0 ** -13              # gumbel_fast_error() stays below this
-APPROX_ABS_BOUND = 4 * NOISE_ERROR_LIMIT     # bound on |approx - exact| besides _REL
-_ABS = tl.constexpr(APPROX_ABS_BOUND)
+NOISE_SHORTFALL_LIMIT = 2.0 ** -16          # gumbel_upper_error()'s shortfall stays below
+UPPER_ABS_SLACK = 16 * NOISE_SHORTFALL_LIMIT  # exact <= upper + this + _REL * |upper|
+_ABS = tl.constexpr(UPPER_ABS_SLACK)
 _REL = tl.constexpr(2.0 ** -19)
 _FINITE_LIMIT = tl.constexpr(2.0 ** 100)
 
@@ -101,21 +101,16 @@ def _gumbel_exact(bits, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _gumbel_fast(bits, LIBDEVICE: tl.constexpr):
-    """``_gumbel_exact(bits)`` within ``NOISE_ERROR_LIMIT`` (hardware log2 on CUDA)."""
+def _gumbel_upper(bits):
+    """An upper bound of ``_gumbel_exact(bits)`` (to ``NOISE_SHORTFALL_LIMIT``), from
+    integer and FMA arithmetic only: with ``x = 1 - u``, ``-ln u >= x`` gives
+    ``g <= -ln x = ln2 * -log2 x``, and reading x's float bits as a number,
+    ``127 - bits(x) / 2**23 = -(e + f) >= -log2 x`` for ``x = 2**e * (1 + f)``.
+    In the Gumbel tail (x small) it exceeds ``g`` by at most ``0.06 + x``."""
     one_to_two = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + k / 2**23
-    uniform = one_to_two - (1.0 - 1.0 / 16777216.0)                       # exact
-    below_one = 1.0 - uniform                              # exact where the series is used
-    # -log2(u) = (x + x**2/2 + x**3/3 + ...) / ln 2 for x = 1 - u; relative error < 2**-24
-    series = below_one * (1.0 / _LN2 + below_one * (0.5 / _LN2 + below_one * (1.0 / 3.0 / _LN2)))
-    if LIBDEVICE:
-        neg_log2_u = tl.where(below_one < _SERIES_BELOW, series, -libdevice.fast_log2f(uniform))
-        log2_neg_log = libdevice.fast_log2f(neg_log2_u)
-    else:
-        neg_log2_u = tl.where(below_one < _SERIES_BELOW, series, -tl.log2(uniform))
-        log2_neg_log = tl.log2(neg_log2_u)
-    # -ln(-ln u) = -ln(ln2 * (-log2 u)) = -ln2 * log2(-log2 u) - ln(ln2)
-    return log2_neg_log * (-_LN2) + 0.36651292058166435
+    below_one = (2.0 - one_to_two) - 1.0 / 16777216.0     # 1 - u = (2**24 - 2k - 1) / 2**24
+    neg_log2_scaled = 0x3F800000 - below_one.to(tl.int32, bitcast=True)   # (-e - f) * 2**23
+    return neg_log2_scaled.to(tl.float32) * (_LN2 / 8388608.0)
 
 
 @triton.jit
@@ -133,14 +128,6 @@ def _exact_value(logit, token, key, temperature, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _approx_value(logits, bits, in_vocab, inverse_temperature, LIBDEVICE: tl.constexpr):
-    """``exact`` within ``_ABS + _REL * |approx|``; -inf off the vocabulary.
-    ``inverse_temperature`` is ``div_rn(1, T)``."""
-    approx = logits * inverse_temperature + _gumbel_fast(bits, LIBDEVICE)
-    return tl.where(in_vocab, approx, float("-inf"))
-
-
-@triton.jit
 def _merge(best, first, value, token):
     """The better of two (value, token) pairs: larger value, then lower token."""
     better = (value > best) | ((value == best) & (token < first))
@@ -148,17 +135,22 @@ def _merge(best, first, value, token):
 
 
 @triton.jit
-def _candidates_argmax(candidate, tokens, row_logits, row_bias, key, temperature,
+def _exact_at(row_logits, row_bias, token, key, temperature, LIBDEVICE: tl.constexpr):
+    """``exact`` of one token of the row."""
+    logit = tl.load(row_logits + token).to(tl.float32) + tl.load(row_bias + token).to(tl.float32)
+    return _exact_value(logit, token, key, temperature, LIBDEVICE)
+
+
+@triton.jit
+def _candidates_argmax(candidate, tokens, best, first, row_logits, row_bias, key, temperature,
                        LIBDEVICE: tl.constexpr):
-    """(max, first token of the max) of ``exact`` over the candidates, one at a time."""
-    best = tl.full([], float("-inf"), tl.float32)
-    first = tl.full([], _NO_TOKEN, tl.int32)
+    """(max, first token of the max) of (best, first) and ``exact`` over the candidates,
+    taken one at a time in index order."""
     token = tl.min(tl.where(candidate, tokens, _NO_TOKEN), axis=0)
-    while token < _NO_TOKEN:                        # index order: a tie keeps the first
-        logit = (tl.load(row_logits + token).to(tl.float32)
-                 + tl.load(row_bias + token).to(tl.float32))
+    while token < _NO_TOKEN:
         best, first = _merge(best, first,
-                             _exact_value(logit, token, key, temperature, LIBDEVICE), token)
+                             _exact_at(row_logits, row_bias, token, key, temperature, LIBDEVICE),
+                             token)
         token = tl.min(tl.where(candidate & (tokens > token), tokens, _NO_TOKEN), axis=0)
     return best, first
 
@@ -183,48 +175,137 @@ def _exact_span_argmax(row_logits, row_bias, start, stop, key, temperature,
 
 
 @triton.jit
-def _sampled_lanes_argmax(top, top_token, second, row_logits, row_bias, start, stop, key,
-                          temperature, BLOCK: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
-                          LIBDEVICE: tl.constexpr):
-    """The program's (max, first token of the max) of ``exact``, from each lane's best
-    ``approx`` (``top``, at ``top_token``) and second best (``second``).
+def _order_key(value, token):
+    """An int64 key that orders (value, token) by value, then by the lower token."""
+    bits = value.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    return (ordered << 32) | (4294967295 - token.to(tl.int64))
 
-    A token is a candidate when its upper bound reaches the program's best lower bound
-    (module docstring). When no lane's second best is a candidate, the candidates are
-    the lanes' best tokens whose ``top`` is: 1..MAX_CANDIDATES of them get ``exact``
-    one at a time. Otherwise (more candidates, a lane with two, or a maximal ``approx``
-    not finite or beyond 2**100) every token of the span gets it."""
-    best_approx = tl.max(top, axis=0)
-    floor = best_approx - 2.0 * _ABS - _REL * tl.abs(best_approx)
-    floor = tl.where(tl.abs(best_approx) < _FINITE_LIMIT, floor, float("nan"))  # NaN: none
+
+@triton.jit
+def _key_value(key):
+    """The value of an ``_order_key``."""
+    ordered = (key >> 32).to(tl.int32)
+    return tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _sampled_lanes_key(top, top_token, top_logit, second, row_logits, row_bias, start, stop,
+                       key, temperature, BLOCK: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
+                       LIBDEVICE: tl.constexpr):
+    """The program's ``_order_key`` of (max, first token of the max) of ``exact``, from
+    each lane's best ``upper`` (``top``, at ``top_token``, whose logit is ``top_logit``)
+    and second best (``second``).
+
+    The pivot (the first token of the largest ``top``) gets ``exact``; a token is a
+    candidate when its ``upper`` can still reach the pivot's (module docstring). When
+    no lane's second best is a candidate, the candidates are the lanes' best tokens
+    whose ``top`` is: if the pivot is the only one, it wins; 2..MAX_CANDIDATES of them
+    get ``exact`` one at a time in index order. Otherwise (more candidates, a lane with
+    two, or the largest ``top`` or the pivot's ``exact`` not finite or beyond 2**100)
+    every token of the span gets it."""
+    keys = _order_key(top, top_token)
+    pivot_key = tl.max(keys, axis=0)
+    pivot_logit = tl.max(tl.where(keys == pivot_key, top_logit, float("-inf")), axis=0)
+    best_upper = _key_value(pivot_key)
+    pivot = (4294967295 - (pivot_key & 4294967295)).to(tl.int32)
+    pivot_value = _exact_value(pivot_logit, pivot, key, temperature, LIBDEVICE)
+    usable = (tl.abs(best_upper) < _FINITE_LIMIT) & (tl.abs(pivot_value) < _FINITE_LIMIT)
+    floor = tl.where(usable, pivot_value - _ABS, float("nan"))  # NaN: no candidates
     # at -inf, -inf + inf is NaN: never a candidate (its exact value is -inf too)
     candidate = top + _REL * tl.abs(top) >= floor
-    crowded = tl.max((second + _REL * tl.abs(second) >= floor).to(tl.int32), axis=0)
-    count = tl.sum(candidate.to(tl.int32), axis=0)
-    if (crowded == 0) & (count >= 1) & (count <= MAX_CANDIDATES):
-        best, first = _candidates_argmax(candidate, top_token, row_logits, row_bias, key,
-                                         temperature, LIBDEVICE)
+    crowded = second + _REL * tl.abs(second) >= floor
+    tally = tl.sum(candidate.to(tl.int32) + (crowded.to(tl.int32) << 16), axis=0)
+    count = tally & 65535
+    pivot_alone = (count == 1) & (best_upper + _REL * tl.abs(best_upper) >= floor)
+    if (tally < 65536) & (count >= 1) & (count <= MAX_CANDIDATES):
+        if pivot_alone:
+            result = _order_key(pivot_value, pivot)
+        else:
+            best, first = _candidates_argmax(candidate & (top_token != pivot), top_token,
+                                             pivot_value, pivot, row_logits, row_bias, key,
+                                             temperature, LIBDEVICE)
+            result = _order_key(best, first)
     else:
         best, first = _exact_span_argmax(row_logits, row_bias, start, stop, key, temperature,
                                          BLOCK, LIBDEVICE)
-    return best, first
+        result = _order_key(best, first)
+    return result
+
+
+@triton.jit
+def _fold_block(top, top_token, top_logit, second, logits, tokens, stop, key,
+                inverse_temperature, sampled, SAMPLE: tl.constexpr, MASKED: tl.constexpr,
+                WOBBLE_DOWN: tl.constexpr, WOBBLE_UP: tl.constexpr):
+    """Each lane's state after one more token: ``value`` is ``upper`` on sampled rows,
+    else the logit (+0.0 for -0.0); -inf off the vocabulary. Strict ``>``: a lane keeps
+    its first maximum."""
+    if SAMPLE:
+        if sampled:
+            value = logits * inverse_temperature + _gumbel_upper(_noise_bits(key, tokens))
+            if (WOBBLE_DOWN != 0.0) | (WOBBLE_UP != 0.0):
+                up = (_mix32(tokens.to(tl.uint32) ^ 0x9E3779B9) & 1) == 1
+                value += tl.where(up, WOBBLE_UP, -WOBBLE_DOWN)
+        else:
+            value = logits + 0.0
+    else:
+        value = logits + 0.0
+    if MASKED:
+        value = tl.where(tokens < stop, value, float("-inf"))
+    if SAMPLE:
+        second = tl.maximum(second, tl.minimum(value, top))
+    take = value > top
+    top_token = tl.where(take, tokens, top_token)
+    if SAMPLE:
+        top_logit = tl.where(take, logits, top_logit)
+    return tl.where(take, value, top), top_token, top_logit, second
+
+
+@triton.jit
+def _scan_lanes(row_logits, row_bias, start, stop, key, inverse_temperature, sampled,
+                SAMPLE: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                WOBBLE_DOWN: tl.constexpr, WOBBLE_UP: tl.constexpr):
+    """Lane state (best value, its first token, its logit, second best) over tokens
+    ``[start, stop)``: whole blocks unmasked, their loads software-pipelined STAGES deep
+    (asynchronous copies through shared memory on CUDA), then a masked partial block."""
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    top_token = start + tl.arange(0, BLOCK)     # a lane with no finite value keeps its first
+    top_logit = tl.zeros([BLOCK], tl.float32)
+    second = tl.full([BLOCK], float("-inf"), tl.float32)
+    whole = (stop - start) // BLOCK
+    for block in tl.range(0, whole, num_stages=STAGES):
+        tokens = start + block * BLOCK + tl.arange(0, BLOCK)
+        logits = (tl.load(row_logits + tokens).to(tl.float32)
+                  + tl.load(row_bias + tokens).to(tl.float32))
+        top, top_token, top_logit, second = _fold_block(
+            top, top_token, top_logit, second, logits, tokens, stop, key,
+            inverse_temperature, sampled, SAMPLE, False, WOBBLE_DOWN, WOBBLE_UP)
+    tokens = start + whole * BLOCK + tl.arange(0, BLOCK)
+    if start + whole * BLOCK < stop:
+        in_vocab = tokens < stop
+        logits = (tl.load(row_logits + tokens, mask=in_vocab, other=0.0).to(tl.float32)
+                  + tl.load(row_bias + tokens, mask=in_vocab, other=0.0).to(tl.float32))
+        top, top_token, top_logit, second = _fold_block(
+            top, top_token, top_logit, second, logits, tokens, stop, key,
+            inverse_temperature, sampled, SAMPLE, True, WOBBLE_DOWN, WOBBLE_UP)
+    return top, top_token, top_logit, second
 
 
 @triton.jit(do_not_specialize=["step"])
 def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, seed_ptr,
                         pos_ptr, step, best_ptr, count_ptr, token_ptr, vocab, span,
                         SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr,
-                        MAX_CANDIDATES: tl.constexpr, APPROX_WOBBLE: tl.constexpr):
+                        MAX_CANDIDATES: tl.constexpr, STAGES: tl.constexpr,
+                        WOBBLE_DOWN: tl.constexpr, WOBBLE_UP: tl.constexpr):
     """Program (row, part) reduces tokens ``[part * span, min((part + 1) * span, vocab))``
-    in blocks of BLOCK (loading the next while it folds one in), then merges its
-    (value, token) into the row's.
+    in blocks of BLOCK, then merges its (value, token) into the row's.
 
     Lane ``p`` of the block sees tokens ``start + p + k * BLOCK`` in increasing order
     and keeps its best value and that value's first token (greedy rows: the logit;
-    sampled rows: ``approx``, and the second best ``approx``). No cross-lane work
-    happens until the span is done. APPROX_WOBBLE (tests only; 0 otherwise) moves each
-    approx up or down by that much, to check that any approx within the bound gives the
-    same tokens.
+    sampled rows: ``upper``, its logit, and the second best ``upper``). No cross-lane
+    work happens until the span is done; only a span's last, partial block masks its
+    loads. WOBBLE_DOWN / WOBBLE_UP (tests only; 0 otherwise) move each ``upper`` down
+    or up by that much, to check that any bound within the slack gives the same tokens.
     """
     row = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * span
@@ -232,81 +313,63 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
     row_logits = base_ptr + row * base_stride
     row_bias = bias_ptr + row * bias_stride
     sampled = False
+    key = 0
+    temperature = 1.0
+    inverse_temperature = 1.0
     if SAMPLE:
         temperature = tl.load(temp_ptr + row)
         sampled = temperature != 0.0
         inverse_temperature = tl.math.div_rn(1.0, temperature)
         key = _row_key(tl.load(seed_ptr + row).to(tl.int64),
                        tl.load(pos_ptr + row).to(tl.int64) + step)
-    top = tl.full([BLOCK], float("-inf"), tl.float32)
-    top_token = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-    second = tl.full([BLOCK], float("-inf"), tl.float32)
-    tokens = start + tl.arange(0, BLOCK)
-    base = tl.load(row_logits + tokens, mask=tokens < stop, other=0.0)
-    bias = tl.load(row_bias + tokens, mask=tokens < stop, other=0.0)
-    for block in range(0, tl.cdiv(stop - start, BLOCK)):
-        in_vocab = tokens < stop
-        logits = base.to(tl.float32) + bias.to(tl.float32)
-        next_tokens = tokens + BLOCK                          # prefetch the next block
-        base = tl.load(row_logits + next_tokens, mask=next_tokens < stop, other=0.0)
-        bias = tl.load(row_bias + next_tokens, mask=next_tokens < stop, other=0.0)
-        if SAMPLE:
-            if sampled:
-                value = _approx_value(logits, _noise_bits(key, tokens), in_vocab,
-                                      inverse_temperature, LIBDEVICE)
-                if APPROX_WOBBLE != 0.0:
-                    sign = (_mix32(tokens.to(tl.uint32) ^ 0x9E3779B9) & 1).to(tl.float32)
-                    value += (2.0 * sign - 1.0) * APPROX_WOBBLE
-                second = tl.maximum(second, tl.minimum(value, top))
-            else:
-                value = tl.where(in_vocab, logits + 0.0, float("-inf"))   # -0.0: +0.0
-        else:
-            value = tl.where(in_vocab, logits + 0.0, float("-inf"))
-        take = (value > top) | (block == 0)        # strict: a lane keeps its first maximum
-        top_token = tl.where(take, tokens, top_token)
-        top = tl.where(take, value, top)
-        tokens = next_tokens
-    # the lane maxima's first token; lanes of block 0 past the vocabulary hold tokens
-    # above every real one, so they win only where no token does (impossible: start < vocab)
+    top, top_token, top_logit, second = _scan_lanes(
+        row_logits, row_bias, start, stop, key, inverse_temperature, sampled, SAMPLE, BLOCK,
+        STAGES, WOBBLE_DOWN, WOBBLE_UP)
     if SAMPLE:
         if sampled:
-            best, first = _sampled_lanes_argmax(top, top_token, second, row_logits, row_bias,
-                                                start, stop, key, temperature, BLOCK,
-                                                MAX_CANDIDATES, LIBDEVICE)
+            packed = _sampled_lanes_key(top, top_token, top_logit, second, row_logits,
+                                        row_bias, start, stop, key, temperature, BLOCK,
+                                        MAX_CANDIDATES, LIBDEVICE)
         else:
-            best, first = _block_argmax(top, top_token)
+            packed = tl.max(_order_key(top, top_token), axis=0)
     else:
-        best, first = _block_argmax(top, top_token)
-    bits = best.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-    low = tl.full([], 4294967295, dtype=tl.int64) - first.to(tl.int64)
-    packed = (ordered << 32) | low
-    tl.atomic_max(best_ptr + row, packed)
+        packed = tl.max(_order_key(top, top_token), axis=0)
+    tl.atomic_max(best_ptr + row, packed, sem="relaxed")
     # acq_rel: the last arrival sees every program's atomic_max of this row
-    if tl.atomic_add(count_ptr + row, 1) == tl.num_programs(1) - 1:
-        winner = tl.atomic_max(best_ptr + row, packed)     # the row's final key
+    if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == tl.num_programs(1) - 1:
+        winner = tl.atomic_max(best_ptr + row, packed, sem="relaxed")   # the row's final key
         tl.store(token_ptr + row, 4294967295 - (winner & 4294967295))
 
 
 @triton.jit
-def _noise_error_kernel(error_ptr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+def _noise_bound_kernel(out_ptr, TAIL: tl.constexpr, LIBDEVICE: tl.constexpr,
+                        BLOCK: tl.constexpr):
     draws = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)      # the 23 bits u is made of
     bits = draws.to(tl.uint32) << 9
-    error = tl.abs(_gumbel_fast(bits, LIBDEVICE) - _gumbel_exact(bits, LIBDEVICE))
-    tl.store(error_ptr + tl.program_id(0), tl.max(error, axis=0))
+    exact = _gumbel_exact(bits, LIBDEVICE)
+    excess = _gumbel_upper(bits) - exact
+    tl.store(out_ptr + 2 * tl.program_id(0), tl.max(-excess, axis=0))
+    tl.store(out_ptr + 2 * tl.program_id(0) + 1,
+             tl.max(tl.where(exact > TAIL, excess, float("-inf")), axis=0))
 
 
-def gumbel_fast_error(device: Union[str, torch.device] = "cuda") -> float:
-    """Largest ``|g_fast - g_exact|`` over all 2**23 noise inputs, as compiled for ``device``.
+def gumbel_upper_error(device: Union[str, torch.device] = "cuda",
+                       tail: float = 4.0) -> Tuple[float, float]:
+    """``(shortfall, tail_excess)`` of ``g_upper`` over all 2**23 noise inputs, as
+    compiled for ``device``: the largest ``g_exact - g_upper`` (negative: the bound
+    holds with room to spare), and the largest ``g_upper - g_exact`` where
+    ``g_exact > tail`` (how tight the filter is where winners come from).
 
-    The filter of sampled rows is exact only while this stays below
-    ``NOISE_ERROR_LIMIT``; it is a property of the device's ``lg2.approx``.
+    The filter of sampled rows is exact only while the shortfall stays below
+    ``NOISE_SHORTFALL_LIMIT``: ``g_upper`` is a bound in real arithmetic, and this
+    measures what its float roundings and the device's ``logf`` take from it.
     """
     block = 1 << 14
-    errors = torch.empty((1 << 23) // block, dtype=torch.float32, device=device)
-    _noise_error_kernel[(errors.numel(),)](errors, LIBDEVICE=errors.device.type == "cuda",
-                                           BLOCK=block)
-    return float(errors.max())
+    out = torch.empty(((1 << 23) // block, 2), dtype=torch.float32, device=device)
+    _noise_bound_kernel[(out.shape[0],)](out, TAIL=float(tail),
+                                         LIBDEVICE=out.device.type == "cuda", BLOCK=block)
+    shortfall, tail_excess = out.max(dim=0).values.tolist()
+    return shortfall, tail_excess
 
 
 def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
@@ -315,16 +378,18 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
                              *, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
                              max_candidates: int = MAX_CANDIDATES,
                              blocks_per_program: Optional[int] = None,
-                             _approx_wobble: float = 0.0) -> torch.Tensor:
+                             num_stages: int = NUM_STAGES,
+                             _bound_wobble: Tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
     """``sample_sequential`` with one fused kernel per step; ``[R, N]`` int64 tokens.
 
     Launch knobs (the tokens do not depend on them): ``block_v`` (a power of
     two >= 128) vocabulary entries per block, ``blocks_per_program`` (an int >= 1)
     blocks read in turn by one program (default: ``GREEDY_BLOCKS_PER_PROGRAM`` when
     ``temperature`` is the number 0, else ``BLOCKS_PER_PROGRAM``; H200 sweep),
-    ``num_warps`` (1, 2, 4, 8 or 16) and ``max_candidates`` (an int >= 0: a program
+    ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (an int >= 1: whole blocks whose
+    loads are in flight at once) and ``max_candidates`` (an int >= 0: a program
     whose filter leaves at most this many candidates, one per lane, computes them one
-    at a time, else every token's exact value). ``_approx_wobble`` is for tests
+    at a time, else every token's exact value). ``_bound_wobble`` is for tests
     (``_markov_step_kernel``).
     """
     if not isinstance(block_v, int) or block_v < 128 or block_v & (block_v - 1):
@@ -334,6 +399,8 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     if not isinstance(max_candidates, int) or isinstance(max_candidates, bool) \
             or max_candidates < 0:
         raise ValueError(f"max_candidates={max_candidates!r} is invalid: expected an int >= 0")
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
+        raise ValueError(f"num_stages={num_stages!r} is invalid: expected an int >= 1")
     if blocks_per_program is not None and (
             not isinstance(blocks_per_program, int) or isinstance(blocks_per_program, bool)
             or blocks_per_program < 1):
@@ -370,6 +437,7 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
             step_base, base_logits.stride(0), bias, bias.stride(0), temperature,
             seeds, positions, step, step_best, step_arrivals, step_tokens, vocab, span,
             SAMPLE=not greedy_only, LIBDEVICE=device.type == "cuda", BLOCK=block_v,
-            MAX_CANDIDATES=max_candidates, APPROX_WOBBLE=float(_approx_wobble), num_warps=num_warps)
+            MAX_CANDIDATES=max_candidates, STAGES=num_stages, WOBBLE_DOWN=float(_bound_wobble[0]),
+            WOBBLE_UP=float(_bound_wobble[1]), num_warps=num_warps)
         prev = step_tokens
     return tokens.t().contiguous()
