@@ -171,18 +171,18 @@ def parse_mla_configs(text: str):
     return configs
 
 
-def parse_markov_launches(text: str) -> list[tuple[int, int, Optional[int]]]:
-    """``'BLOCK_V,warps[,blocks_per_program];...'`` -> ``[(block_v, num_warps,
-    blocks_per_program), ...]`` (blocks_per_program None when omitted: the kernel's
-    default for the call)."""
+def parse_markov_launches(text: str) -> list[tuple[int, int, Optional[int], Optional[int]]]:
+    """``'BLOCK_V,warps[,blocks_per_program[,stages]];...'`` -> ``[(block_v, num_warps,
+    blocks_per_program, num_stages), ...]`` (None when omitted, or 0 for
+    blocks_per_program: the kernel's default for the call)."""
     launches = []
     for item in filter(None, text.split(";")):
         fields = item.split(",")
-        if len(fields) not in (2, 3) or not all(f.strip().isdigit() for f in fields):
+        if len(fields) not in (2, 3, 4) or not all(f.strip().isdigit() for f in fields):
             raise ValueError(f"--markov-launches entry {item!r} is invalid: expected "
-                             f"BLOCK_V,warps[,blocks_per_program]")
-        launches.append((int(fields[0]), int(fields[1]),
-                         int(fields[2]) if len(fields) == 3 else None))
+                             f"BLOCK_V,warps[,blocks_per_program[,stages]]")
+        optional = [int(f) or None for f in fields[2:]] + [None] * (4 - len(fields))
+        launches.append((int(fields[0]), int(fields[1]), *optional))
     return launches
 
 
@@ -336,19 +336,24 @@ def section_markov(args, ceiling: float) -> None:
         fused_eager_ms = bench_ms(fused_step)
         want = ref_step()
         launch_rows = []
-        for block_v, warps, per_program in parse_markov_launches(args.markov_launches):
-            def launch_step(block_v=block_v, warps=warps, per_program=per_program):
+        for block_v, warps, per_program, stages in parse_markov_launches(args.markov_launches):
+            def launch_step(block_v=block_v, warps=warps, per_program=per_program,
+                            stages=stages):
                 return sample_sequential_triton(base, anchors, head, temps, seeds, positions,
                                                 block_v=block_v, num_warps=warps,
-                                                blocks_per_program=per_program)
+                                                blocks_per_program=per_program,
+                                                **({} if stages is None else
+                                                   {"num_stages": stages}))
             same = bool(torch.equal(launch_step(), want))
             ms = bench_ms(graph_of(launch_step).replay)
             launch_rows.append([f"fused kernel, CUDA graph, BLOCK_V={block_v} warps={warps} "
-                                f"blocks/program={per_program or 'default'}"
+                                f"blocks/program={per_program or 'default'} "
+                                f"stages={stages or 'default'}"
                                 + ("" if same else " (TOKENS DIFFER)"), ms * 1e3,
                                 logits_bytes / ms / 1e6 / ceiling,
                                 (logits_bytes + weight_bytes) / ms / 1e6 / ceiling])
-            log(f"markov launch BLOCK_V={block_v} warps={warps} x{per_program}: {ms * 1e3:.0f} us, "
+            log(f"markov launch BLOCK_V={block_v} warps={warps} x{per_program} stages={stages}: "
+                f"{ms * 1e3:.0f} us, "
                 f"tokens {'identical' if same else 'DIFFER'}")
 
         def bias_only():                       # what both implementations spend in the head
@@ -463,7 +468,7 @@ def main(argv=None) -> int:
                              "(splits 0: auto; scan_block default 2048; the default is the "
                              "op's own launch, GroupedMLAConfig())")
     parser.add_argument("--markov-launches", default="2048,8",
-                        help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program];...' "
+                        help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program[,stages]];...' "
                              "(the kernel's default: 2048,8 with 16 blocks per program "
                              "when sampling, 8 when greedy)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")

@@ -1,14 +1,14 @@
 """The fused Markov sampler's launches side by side, and its sampling kernels apart from the head.
 
-    python benchmarks/bench_markov_variants.py [--baseline OLD_MODULE.py]
+    python benchmarks/bench_markov_variants.py [--baseline OLD_MODULE.py ...]
         [--launches "BLOCK_V,warps[,blocks_per_program];..."] [--out DIR]
 
 Size: 64 requests x 8 steps, V = 129280, head rank 256, bf16, ``torch.randn`` logits
 (``bench_dspark_kernels.py``'s Markov section). Rows, all CUDA-graph replays, ``do_bench``
 median with L2 flushed: the reference under ``torch.compile(mode="reduce-overhead")``;
 the Markov head alone (8 x embedding + GEMM); then, for each launch of this checkout's
-``markov_sampling_triton.py`` and, with ``--baseline``, the default launch of another
-version of it (e.g. ``git show REV:dspark_compile/kernels/markov_sampling_triton.py``):
+``markov_sampling_triton.py`` and, for each ``--baseline`` (repeatable), the default
+launch of another version of it (e.g. ``git show REV:dspark_compile/kernels/markov_sampling_triton.py``):
 the fused sampler (head included), its sampling kernels alone at T=1 (a head that returns
 a fixed bias) and greedy alone (T=0). Every fused row's tokens are first compared with
 ``sample_sequential`` for bit equality (T=1 and mixed temperatures). Writes
@@ -44,9 +44,11 @@ class FixedBias(nn.Module):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", help="another markov_sampling_triton.py to time beside")
+    parser.add_argument("--baseline", action="append", default=[],
+                        help="another markov_sampling_triton.py to time beside (repeatable)")
     parser.add_argument("--launches", default="2048,8",
-                        help="BLOCK_V,warps[,blocks_per_program];... of this checkout's kernel")
+                        help="BLOCK_V,warps[,blocks_per_program[,stages]];... of this "
+                             "checkout's kernel (0: the default)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -75,13 +77,16 @@ def main(argv=None) -> int:
         log(f"{name:72s} {us:8.1f} us {extra or ''}")
         results["rows"].append({"variant": name, "us": us, **extra})
 
-    kernels = [(f"this checkout, BLOCK_V={b} warps={w} blocks/program={p or 'default'}",
-                lambda *a, b=b, w=w, p=p, **k: current.sample_sequential_triton(
-                    *a, block_v=b, num_warps=w, blocks_per_program=p, **k))
-               for b, w, p in launches]
-    if args.baseline:
-        old = load_module_file(args.baseline, "markov_baseline")
-        kernels.append(("baseline file, its default launch", old.sample_sequential_triton))
+    kernels = [(f"this checkout, BLOCK_V={b} warps={w} blocks/program={p or 'default'} "
+                f"stages={st or 'default'}",
+                lambda *a, b=b, w=w, p=p, st=st, **k: current.sample_sequential_triton(
+                    *a, block_v=b, num_warps=w, blocks_per_program=p,
+                    **({} if st is None else {"num_stages": st}), **k))
+               for b, w, p, st in launches]
+    for index, path in enumerate(args.baseline):
+        old = load_module_file(path, f"markov_baseline_{index}")
+        kernels.append((f"{os.path.basename(path)}, its default launch",
+                        old.sample_sequential_triton))
     with torch.no_grad():
         compiled = torch.compile(lambda: sample_sequential(base, anchors, head, ones, seeds,
                                                            positions), mode="reduce-overhead")

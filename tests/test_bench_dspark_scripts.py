@@ -49,7 +49,8 @@ def test_mla_arithmetic_and_the_read_share_it_allows():
 
 def test_markov_launches_parse():
     bench = _load("bench_dspark_kernels")
-    assert bench.parse_markov_launches("4096,8,1;2048,4;") == [(4096, 8, 1), (2048, 4, None)]
+    assert bench.parse_markov_launches("4096,8,1;2048,4;1024,4,0,2") == [
+        (4096, 8, 1, None), (2048, 4, None, None), (1024, 4, None, 2)]
     with pytest.raises(ValueError, match="--markov-launches entry '4096' is invalid"):
         bench.parse_markov_launches("4096")
 
