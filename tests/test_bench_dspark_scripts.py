@@ -1,5 +1,5 @@
 """benchmarks/bench_dspark_kernels.py, bench_peer_attention.py, bench_mla_gluon_variants.py,
-bench_markov_variants.py and profile_kernels.py:
+bench_markov_variants.py, profile_kernels.py and simulate_markov_filter.py:
 argument parsing and the no-GPU exit (their measurements need a CUDA device; results are under
 benchmarks/results/)."""
 
@@ -193,3 +193,27 @@ def test_peer_layer_step_times_per_layer_and_checks_layer_zero(monkeypatch):
     with pytest.raises(AssertionError, match="in_kernel: layer 0 of the 2-layer step differs"):
         bench.time_layers(2, query, kc, vc, table, seq_lens, qsl, 0.25, True, window,
                           windowed, in_kernel + 1e-3)
+
+
+def test_filter_simulation_classifies_a_programs_paths():
+    """simulate_markov_filter.py: lane p of a 4-lane program sees tokens p, p + 4, ...;
+    the pivot alone, two lanes' best tokens reaching it, one lane holding two."""
+    sim = _load("simulate_markov_filter")
+    exact = torch.tensor([0.0, 1.0, 2.0, 3.0, 9.0, 1.0, 2.0, 3.0])
+    assert sim.classify(exact + 0.05, exact, block=4) == ("alone", 1)
+    tied = exact.clone()
+    tied[2] = 9.0                                  # lane 2's best reaches the pivot's value
+    assert sim.classify(tied + 0.05, tied, block=4) == ("few", 2)
+    crowded = exact.clone()
+    crowded[0] = 8.99                              # lane 0 holds 8.99 (second) and 9.0 (best)
+    assert sim.classify(crowded + 0.05, crowded, block=4)[0] == "crowded"
+
+
+def test_filter_simulation_counts_every_program(capsys):
+    sim = _load("simulate_markov_filter")
+    assert sim.main(["--requests", "3", "--steps", "1", "--vocab", "3000", "--span", "1024",
+                     "--block", "256"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("9 programs: ")          # 3 rows x 3 spans of 1024
+    with pytest.raises(SystemExit):
+        sim.main(["--block", "0"])
