@@ -25,18 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dspark_compile.kernels.markov_sampling_triton import (MAX_CANDIDATES,  # noqa: E402
                                                            UPPER_ABS_SLACK)
-from dspark_compile.models.markov_sampling import _mix32, gumbel_noise  # noqa: E402
+from dspark_compile.models.markov_sampling import (gumbel_from_bits,  # noqa: E402
+                                                   noise_bits)
 
 _LN2 = 0.6931471805599453
-
-
-def noise_bits(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """The 32-bit hash behind ``gumbel_noise``: ``[R, V]`` int64 in [0, 2**32)."""
-    mask = 0xFFFFFFFF
-    key = torch.bitwise_xor(torch.bitwise_and(seeds, mask),
-                            _mix32(torch.bitwise_and(seeds >> 32, mask)))
-    key = _mix32(torch.bitwise_xor(_mix32(key), torch.bitwise_and(positions, mask)))
-    return _mix32(torch.bitwise_and(key[:, None] + torch.arange(vocab)[None], mask))
 
 
 def gumbel_upper(bits: torch.Tensor) -> torch.Tensor:
@@ -58,8 +50,9 @@ def classify(upper: torch.Tensor, exact: torch.Tensor, block: int) -> tuple[str,
     top, where = up.max(0)                       # first maximum per lane
     second = (up.sort(0, descending=True).values[1] if up.shape[0] > 1
               else torch.full((block,), -math.inf))
-    lane = int(top.argmax())
-    floor = ex[where[lane], lane] - UPPER_ABS_SLACK
+    tokens = where * block + torch.arange(block)
+    pivot = int(torch.where(top == top.max(), tokens, padded).argmin())   # its lane
+    floor = ex[where[pivot], pivot] - UPPER_ABS_SLACK
     candidates = int((top >= floor).sum())
     if bool((second >= floor).any()):
         return "crowded", candidates
@@ -91,9 +84,9 @@ def main(argv=None) -> int:
     paths = {"alone": 0, "few": 0, "crowded": 0, "many": 0}
     total_candidates = 0
     for step in range(args.steps):
-        exact = logits / args.temperature + gumbel_noise(seeds, positions + step, vocab)
-        upper = logits * (1.0 / args.temperature) + gumbel_upper(
-            noise_bits(seeds, positions + step, vocab))
+        bits = noise_bits(seeds, positions + step, vocab)
+        exact = logits / args.temperature + gumbel_from_bits(bits)
+        upper = logits * (1.0 / args.temperature) + gumbel_upper(bits)
         for row in range(rows):
             for start in range(0, vocab, args.span):
                 stop = min(start + args.span, vocab)

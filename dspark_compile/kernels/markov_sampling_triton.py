@@ -190,6 +190,12 @@ def _key_value(key):
 
 
 @triton.jit
+def _key_token(key):
+    """The token of an ``_order_key``."""
+    return 4294967295 - (key & 4294967295)
+
+
+@triton.jit
 def _sampled_lanes_key(top, top_token, top_logit, second, row_logits, row_bias, start, stop,
                        key, temperature, BLOCK: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
                        LIBDEVICE: tl.constexpr):
@@ -208,7 +214,7 @@ def _sampled_lanes_key(top, top_token, top_logit, second, row_logits, row_bias, 
     pivot_key = tl.max(keys, axis=0)
     pivot_logit = tl.max(tl.where(keys == pivot_key, top_logit, float("-inf")), axis=0)
     best_upper = _key_value(pivot_key)
-    pivot = (4294967295 - (pivot_key & 4294967295)).to(tl.int32)
+    pivot = _key_token(pivot_key).to(tl.int32)
     pivot_value = _exact_value(pivot_logit, pivot, key, temperature, LIBDEVICE)
     usable = (tl.abs(best_upper) < _FINITE_LIMIT) & (tl.abs(pivot_value) < _FINITE_LIMIT)
     floor = tl.where(usable, pivot_value - _ABS, float("nan"))  # NaN: no candidates
@@ -338,7 +344,7 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
     # acq_rel: the last arrival sees every program's atomic_max of this row
     if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == tl.num_programs(1) - 1:
         winner = tl.atomic_max(best_ptr + row, packed, sem="relaxed")   # the row's final key
-        tl.store(token_ptr + row, 4294967295 - (winner & 4294967295))
+        tl.store(token_ptr + row, _key_token(winner))
 
 
 @triton.jit

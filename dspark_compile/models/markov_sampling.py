@@ -61,23 +61,30 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_xor(x, x >> 16)
 
 
-def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Standard Gumbel noise ``[R, V]`` float32, a pure function of (seed, position, token).
-
+def noise_bits(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The 32-bit hash behind ``gumbel_noise``: ``[R, V]`` int64 in ``[0, 2**32)``,
     ``h = mix(mix(mix(seed_lo ^ mix(seed_hi)) ^ position) + token)`` (32-bit
-    ``lowbias32`` mixes), ``u = ((h >> 9) + 0.5) / 2**23`` (exact in float32,
-    strictly inside (0, 1)), noise ``-log(-log(u))`` in float32.
-    ``seeds``, ``positions``: ``[R]`` ints.
-    """
+    ``lowbias32`` mixes). ``seeds``, ``positions``: ``[R]`` ints."""
     seeds = seeds.to(torch.int64)
     key = torch.bitwise_xor(torch.bitwise_and(seeds, _MASK32),
                             _mix32(torch.bitwise_and(seeds >> 32, _MASK32)))
     key = _mix32(torch.bitwise_xor(_mix32(key), torch.bitwise_and(positions.to(torch.int64),
                                                                    _MASK32)))
     tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
+    return _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
+
+
+def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """The noise of hash ``bits``: ``u = ((h >> 9) + 0.5) / 2**23`` (exact in float32,
+    strictly inside (0, 1)), noise ``-log(-log(u))`` in float32."""
     uniform = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / float(1 << 23))
     return -torch.log(-torch.log(uniform))
+
+
+def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise ``[R, V]`` float32, a pure function of (seed, position, token):
+    ``gumbel_from_bits(noise_bits(seeds, positions, vocab_size))``."""
+    return gumbel_from_bits(noise_bits(seeds, positions, vocab_size))
 
 
 def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
