@@ -55,6 +55,16 @@ def test_markov_launches_parse():
         bench.parse_markov_launches("4096")
 
 
+def test_head_launches_parse_into_keywords():
+    variants = _load("bench_markov_variants")
+    assert variants.parse_head_launches("32,4,16,3;64,0,8,2,0") == [
+        {"block_v": 32, "num_warps": 4, "tiles_per_program": 16, "num_stages": 3},
+        {"block_v": 64, "tiles_per_program": 8, "num_stages": 2, "filter_upper": False}]
+    for bad in ("32,4,16", "32,4,16,3,1,1", "32,x,16,3"):
+        with pytest.raises(ValueError, match=f"--head-launches entry '{bad}' is invalid"):
+            variants.parse_head_launches(bad)
+
+
 def test_a_baseline_kernel_file_loads_as_its_own_module():
     """``--baseline OLD.py``: the file is imported beside this checkout's module, not
     instead of it."""
