@@ -218,6 +218,13 @@ def test_head_in_kernel_validates_and_handles_empty():
     with pytest.raises(ValueError, match="markov_head is a _FixedBias: the in-kernel head "
                                          "needs a DSparkMarkovHead"):
         call(_FixedBias())
+
+    class Doubled(DSparkMarkovHead):
+        def forward(self, prev_tokens):
+            return 2 * super().forward(prev_tokens)
+
+    with pytest.raises(ValueError, match="has its own forward"):
+        call(Doubled(64, 16).to(torch.bfloat16).to(DEVICE))
     with pytest.raises(ValueError, match="both float16 or both bfloat16"):
         call(_head(64, 16, torch.float32, 3))
     hooked = _head(64, 16, torch.bfloat16, 3)
@@ -226,7 +233,7 @@ def test_head_in_kernel_validates_and_handles_empty():
         call(hooked)
     renormed = _head(64, 16, torch.bfloat16, 3)
     renormed.embed.max_norm = 1.0
-    with pytest.raises(ValueError, match="max_norm=1.0 is invalid"):
+    with pytest.raises(ValueError, match="max_norm=1.0 is invalid here: expected None"):
         call(renormed)
     biased = _head(64, 16, torch.bfloat16, 3)
     biased.bias = nn.Linear(16, 64).to(torch.bfloat16).to(DEVICE)

@@ -135,3 +135,15 @@ def test_sampling_is_cuda_graph_capturable():
         graph.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_low_rank_factors_are_the_forward():
+    head = DSparkMarkovHead(50, 6)
+    prev = torch.randint(0, 50, (9,))
+    embed, weight = head.low_rank_factors()
+    assert not embed.requires_grad and not weight.requires_grad
+    with torch.no_grad():
+        assert torch.equal(torch.nn.functional.linear(embed[prev], weight), head(prev))
+    head.embed.register_forward_pre_hook(lambda module, args: None)
+    with pytest.raises(ValueError, match="forward hooks"):
+        head.low_rank_factors()

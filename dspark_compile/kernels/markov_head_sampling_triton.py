@@ -340,28 +340,15 @@ def _head_bias_kernel(embed_ptr, embed_stride, weight_ptr, weight_stride, prev_p
 
 
 def _head_weights(markov_head: nn.Module, device: torch.device):
-    """``(embed [V, r], weight [V, r])`` of a ``DSparkMarkovHead`` this kernel can compute
-    exactly as the module does; ``ValueError`` naming what is not."""
-    from dspark_compile.models.markov_sampling import DSparkMarkovHead
-
-    if not isinstance(markov_head, DSparkMarkovHead):
+    """``(embed [V, r], weight [V, r])`` of a head whose bias this kernel computes as the
+    module does (``DSparkMarkovHead.low_rank_factors``); ``ValueError`` naming what is
+    not."""
+    factors = getattr(markov_head, "low_rank_factors", None)
+    if factors is None:
         raise ValueError(f"markov_head is a {type(markov_head).__name__}: the in-kernel head "
-                         f"needs a DSparkMarkovHead (use sample_sequential_triton for any "
-                         f"other module)")
-    hooks = (markov_head._forward_hooks, markov_head._forward_pre_hooks,
-             markov_head.embed._forward_hooks, markov_head.embed._forward_pre_hooks,
-             markov_head.bias._forward_hooks, markov_head.bias._forward_pre_hooks)
-    if any(hooks) or type(markov_head.embed) is not nn.Embedding \
-            or type(markov_head.bias) is not nn.Linear:
-        raise ValueError("markov_head has forward hooks or replaced submodules: the in-kernel "
-                         "head would skip them (use sample_sequential_triton)")
-    if markov_head.embed.max_norm is not None:
-        raise ValueError(f"markov_head.embed.max_norm={markov_head.embed.max_norm!r} is "
-                         f"invalid: the in-kernel head needs None (no renormalisation)")
-    if markov_head.bias.bias is not None:
-        raise ValueError("markov_head.bias has an additive bias: the in-kernel head needs "
-                         "bias=False, as DSparkMarkovHead builds it")
-    embed, weight = markov_head.embed.weight, markov_head.bias.weight
+                         f"needs a DSparkMarkovHead (low_rank_factors()); use "
+                         f"sample_sequential_triton for any other module")
+    embed, weight = factors()
     if weight.dtype not in _HEAD_DTYPES or embed.dtype != weight.dtype:
         raise ValueError(f"markov_head weights are {embed.dtype} (embed) and {weight.dtype} "
                          f"(bias): the in-kernel head needs both float16 or both bfloat16")

@@ -13,7 +13,7 @@ number of steps: no host synchronisation, capturable in a CUDA graph.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -43,6 +43,26 @@ class DSparkMarkovHead(nn.Module):
 
     def forward(self, prev_tokens: torch.Tensor) -> torch.Tensor:
         return self.bias(self.embed(prev_tokens))
+
+    def low_rank_factors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(embed [V, r], weight [V, r])``, detached, with ``forward(prev) ==
+        F.linear(embed[prev], weight)``: for kernels that compute the bias themselves.
+        ``ValueError`` where ``forward`` is not that (a subclass's own ``forward``,
+        forward hooks, replaced submodules, ``max_norm``, an additive bias)."""
+        hooks = (self._forward_hooks, self._forward_pre_hooks, self.embed._forward_hooks,
+                 self.embed._forward_pre_hooks, self.bias._forward_hooks,
+                 self.bias._forward_pre_hooks)
+        if type(self).forward is not DSparkMarkovHead.forward or any(hooks) \
+                or type(self.embed) is not nn.Embedding or type(self.bias) is not nn.Linear:
+            raise ValueError("markov_head has its own forward, forward hooks or replaced "
+                             "submodules: its bias is not embed[prev] @ weight^T")
+        if self.embed.max_norm is not None:
+            raise ValueError(f"markov_head.embed.max_norm={self.embed.max_norm!r} is invalid "
+                             f"here: expected None (no renormalisation)")
+        if self.bias.bias is not None:
+            raise ValueError("markov_head.bias has an additive bias: expected bias=False, as "
+                             "DSparkMarkovHead builds it")
+        return self.embed.weight.detach(), self.bias.weight.detach()
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
