@@ -48,7 +48,7 @@ from triton.language.extra import libdevice
 from dspark_compile.kernels.markov_sampling_triton import (
     _FINITE_LIMIT, _LN2, _NO_TOKEN, _REL, _exact_value, _gumbel_exact, _key_token, _mix32,
     _noise_bits, _order_key, _row_key)
-from dspark_compile.kernels.sampling_args import check_sampling_args
+from dspark_compile.kernels.sampling_args import check_sampling_args, kernel_sampling_inputs
 
 BLOCK_R = 64                 # rows per program: one warpgroup's tensor-core tile
 BLOCK_V = 32                 # tokens per tile (H200 sweep,
@@ -66,7 +66,7 @@ def _tile_bias(embedded, weight_ptr, weight_stride, tokens, in_vocab, ranks, ran
                TENSOR_CORES: tl.constexpr):
     """``[rows, BLOCK_V]`` bias of one tile, rounded to the weight's dtype then widened
     to fp32: ``embedded [rows, K] @ weight[tokens, :K]^T`` with fp32 accumulation.
-    Without TENSOR_CORES (the interpreter, whose half-precision ``dot`` misreads its
+    Without TENSOR_CORES (the interpreter, whose bf16 ``dot`` misreads its
     inputs and whose bf16 cast truncates) the operands are widened first (their
     products are exact in fp32 either way) and bf16 rounds by ``_bf16_nearest_even``."""
     weight = tl.load(weight_ptr + tokens[:, None].to(tl.int64) * weight_stride + ranks[None, :],
@@ -436,10 +436,7 @@ def sample_sequential_head_triton(base_logits: torch.Tensor, anchor_tokens: torc
                          f"{weight.shape[0]} (bias): expected base_logits' {vocab}")
     if num_steps == 0 or num_reqs == 0:
         return torch.empty((num_reqs, num_steps), dtype=torch.int64, device=device)
-    if base_logits.stride(2) != 1:
-        base_logits = base_logits.contiguous()
-    seeds = seeds.to(device=device, dtype=torch.int64)
-    positions = positions.to(device=device, dtype=torch.int64)
+    base_logits, seeds, positions = kernel_sampling_inputs(base_logits, seeds, positions)
     block_r = _block_r(num_reqs)
     row_blocks = triton.cdiv(num_reqs, block_r)
     grid = (row_blocks, triton.cdiv(triton.cdiv(vocab, block_v), tiles_per_program))

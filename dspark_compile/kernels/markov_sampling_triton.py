@@ -51,7 +51,7 @@ import triton.language as tl
 from torch import nn
 from triton.language.extra import libdevice
 
-from dspark_compile.kernels.sampling_args import check_sampling_args
+from dspark_compile.kernels.sampling_args import check_sampling_args, kernel_sampling_inputs
 
 BLOCK_V = 2048              # H200 sweeps (benchmarks/results/2026-12-01-h200-session11.md)
 NUM_WARPS = 8
@@ -420,10 +420,7 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     device = base_logits.device
     if num_steps == 0 or num_reqs == 0:
         return torch.empty((num_reqs, num_steps), dtype=torch.int64, device=device)
-    if base_logits.stride(2) != 1:
-        base_logits = base_logits.contiguous()
-    seeds = seeds.to(device=device, dtype=torch.int64)
-    positions = positions.to(device=device, dtype=torch.int64)
+    base_logits, seeds, positions = kernel_sampling_inputs(base_logits, seeds, positions)
     packed = torch.full((num_steps, num_reqs), torch.iinfo(torch.int64).min, dtype=torch.int64,
                         device=device)
     arrivals = torch.zeros((num_steps, num_reqs), dtype=torch.int32, device=device)

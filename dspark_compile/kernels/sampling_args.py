@@ -35,3 +35,14 @@ def check_sampling_args(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
         raise ValueError(f"temperature has shape {tuple(temperature.shape)}: expected a float "
                          f"or [{num_reqs}]")
     return temperature.to(device=device, dtype=torch.float32), positions, greedy_only
+
+
+def kernel_sampling_inputs(base_logits: torch.Tensor, seeds: torch.Tensor,
+                           positions: torch.Tensor):
+    """``(base_logits, seeds, positions)`` as the Triton samplers read them: the logits
+    with unit stride along V, seeds and positions int64 on the logits' device."""
+    if base_logits.stride(2) != 1:
+        base_logits = base_logits.contiguous()
+    device = base_logits.device
+    return (base_logits, seeds.to(device=device, dtype=torch.int64),
+            positions.to(device=device, dtype=torch.int64))
