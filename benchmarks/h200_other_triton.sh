@@ -41,6 +41,7 @@ PY
 stamp "kernel tests"
 python3 -m pytest -q -n 8 -p no:cacheprovider -rfEs tests/test_sparse_mla_gluon.py \
   tests/test_triton_kernels.py tests/test_dspark_kernels.py tests/test_markov_sampling.py \
+  tests/test_markov_head_sampling.py \
   tests/test_paged_attention_ops.py tests/test_sparse_mla_ops.py tests/test_sink_kernels.py \
   tests/test_in_kernel_window.py tests/test_per_token_window.py \
   > "$out/kernel-tests.txt" 2>&1
