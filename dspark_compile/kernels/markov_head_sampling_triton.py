@@ -286,7 +286,8 @@ def _head_step_kernel(base_ptr, base_stride, embed_ptr, embed_stride, weight_ptr
     """Program (row block, part): rows ``[block * BLOCK_R, ...)`` over the tiles
     ``[part * tiles_per_program, ...)``; see the module docstring. Without FILTER every
     token of a sampled row gets ``exact``; else ``_filtered_rows`` (FILTER), which counts the
-    rows it rescans in ``rescan_ptr``."""
+    rows it rescans in ``rescan_ptr``. LIBDEVICE: compiled for CUDA (libdevice ``logf``,
+    and ``TENSOR_CORES`` for the bias); else the interpreter."""
     row_block = tl.program_id(0)
     rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < num_rows
