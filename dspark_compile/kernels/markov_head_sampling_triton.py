@@ -46,8 +46,8 @@ from torch import nn
 from triton.language.extra import libdevice
 
 from dspark_compile.kernels.markov_sampling_triton import (
-    _FINITE_LIMIT, _LN2, _NO_TOKEN, _REL, _exact_value, _gumbel_exact, _key_token, _mix32,
-    _noise_bits, _order_key, _row_key)
+    _FINITE_LIMIT, _LN2, _NO_TOKEN, _REL, _exact_value, _gumbel_exact, _key_token, _merge,
+    _mix32, _noise_bits, _order_key, _row_key)
 from dspark_compile.kernels.sampling_args import check_sampling_args, kernel_sampling_inputs
 
 BLOCK_R = 64                 # rows per program: one warpgroup's tensor-core tile
@@ -114,21 +114,6 @@ def _tile_logits(tile, row_logits, row_ok, embedded, weight_ptr, weight_stride, 
 
 
 @triton.jit
-def _rows_argmax(value, tokens):
-    """Per row (max, first token of the max) of ``value [rows, BLOCK_V]``."""
-    best = tl.max(value, axis=1)
-    return best, tl.min(tl.where(value == best[:, None], tokens[None, :], _NO_TOKEN), axis=1)
-
-
-@triton.jit
-def _merge_rows(best, first, value, token):
-    """Per row, the better of (best, first) and (value, token): larger value, then lower
-    token; a row with no token yet (``_NO_TOKEN``) takes any."""
-    take = (value > best) | ((value == best) & (token < first))
-    return tl.where(take, value, best), tl.where(take, token, first)
-
-
-@triton.jit
 def _exact_rows(first_tile, last_tile, row_logits, row_ok, embedded, weight_ptr, weight_stride,
                 vocab, ranks, rank, key, temperature, sampled, BLOCK_R: tl.constexpr,
                 BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr,
@@ -147,9 +132,9 @@ def _exact_rows(first_tile, last_tile, row_logits, row_ok, embedded, weight_ptr,
             exact = _exact_value(logits, tokens[None, :], key[:, None], temperature[:, None],
                                  LIBDEVICE)
             value = tl.where(sampled[:, None], exact, value)
-        tile_best, tile_first = _rows_argmax(tl.where(in_vocab[None, :], value, float("-inf")),
-                                             tokens)
-        best, first = _merge_rows(best, first, tile_best, tile_first)
+        tile_best, tile_first = _rows_argmax_tokens(
+            tl.where(in_vocab[None, :], value, float("-inf")), tokens[None, :])
+        best, first = _merge(best, first, tile_best, tile_first)
     return best, first
 
 
@@ -270,7 +255,8 @@ def gumbel_fast_error(device: Union[str, torch.device] = "cuda") -> float:
 
 @triton.jit
 def _rows_argmax_tokens(value, token):
-    """Per row (max, lowest token among the max) of ``value [rows, S]`` at ``token``."""
+    """Per row (max, lowest token among the max) of ``value [rows, S]`` at ``token``
+    (``[rows, S]``, or ``[1, S]`` shared by the rows)."""
     best = tl.max(value, axis=1)
     return best, tl.min(tl.where(value == best[:, None], token, _NO_TOKEN), axis=1)
 
@@ -356,7 +342,7 @@ def _head_weights(markov_head: nn.Module, device: torch.device):
     if embed.device != device or weight.device != device:
         raise ValueError(f"markov_head is on {weight.device}: expected {device}, where "
                          f"base_logits are")
-    return embed.detach().contiguous(), weight.detach().contiguous()
+    return embed.contiguous(), weight.contiguous()
 
 
 def _block_k(rank: int) -> int:
