@@ -79,10 +79,32 @@ def test_a_baseline_kernel_file_loads_as_its_own_module():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 @pytest.mark.parametrize("name", ["bench_dspark_kernels", "bench_peer_attention",
-                                  "bench_mla_gluon_variants", "bench_markov_variants"])
+                                  "bench_mla_gluon_variants", "bench_markov_variants",
+                                  "bench_mla_copy_bound"])
 def test_scripts_exit_2_without_a_gpu(name, tmp_path, capsys):
     assert _load(name).main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_copy_bound_kernels_reduce_each_programs_row():
+    """bench_mla_copy_bound's plain-Triton loads-only kernel (interpreter on CPU): each
+    program stores the column maxima of its index row's KV rows, holes skipped; and
+    ``expected_copies``' "once" mapping splits a row's tiles between two programs."""
+    bench = _load("bench_mla_copy_bound")
+    gen = torch.Generator().manual_seed(3)
+    kv = torch.randn(3, 64, 576, generator=gen)
+    kv[0, 0] = 100.0                   # slot 0 is never listed: a hole read as it shows
+    slots = (torch.randperm(191, generator=gen)[:150] + 1).to(torch.int32)
+    idx = torch.full((8, 150), -1, dtype=torch.int32)
+    idx[:4] = slots
+    idx[4:, :70] = slots[:70]                        # a shorter row, the rest holes
+    got = bench.loads_only(kv, idx, stages=1)
+    flat = kv.reshape(-1, 576)
+    want = torch.stack([flat[r[r >= 0].long()].amax(0) for r in idx[::4]])
+    assert torch.equal(got, want)
+    once = bench.expected_copies(kv, idx, "once", 8)   # tiles 0-1 | 2: last tiles 1 and 2
+    torch.testing.assert_close(once[0], flat[slots[64:128].long(), :512].sum(0))
+    torch.testing.assert_close(once[1], flat[slots[128:].long(), :512].sum(0))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
