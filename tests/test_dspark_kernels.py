@@ -381,7 +381,7 @@ def test_a_lanes_second_best_bound_can_still_win(push_up):
     top; the winner's bound is pushed down by 0.9 x the slack and the loser's up by
     ``push_up``: the lane's best ``upper`` is then not the row's token, and the kernel
     must see that its second best is a candidate too."""
-    from dspark_compile.models.markov_sampling import _mix32, gumbel_noise
+    from dspark_compile.kernels.markov_sampling import _mix32, gumbel_noise
     vocab, block, temperature = 3000, 1024, 0.37
     seeds, positions = torch.tensor([21]), torch.tensor([3])
     lanes = torch.arange(block)

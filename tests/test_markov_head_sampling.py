@@ -239,8 +239,8 @@ def test_head_in_kernel_validates_and_handles_empty():
     biased.bias = nn.Linear(16, 64).to(torch.bfloat16).to(DEVICE)
     with pytest.raises(ValueError, match="additive bias"):
         call(biased)
-    with pytest.raises(ValueError, match="vocabulary 100 .embed. and 100 .bias.: expected "
-                                         "base_logits' 64"):
+    with pytest.raises(ValueError, match="embed has shape \\(100, 16\\): expected \\[64, r\\], "
+                                         "64 being base_logits' vocabulary"):
         call(_head(100, 16, torch.bfloat16, 3))
     with pytest.raises(ValueError, match="anchor_tokens has shape"):
         sample_sequential_head_triton(base, anchors[:1], head, 0.0, seeds)

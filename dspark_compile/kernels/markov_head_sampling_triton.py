@@ -1,8 +1,11 @@
 """Markov-head sampling with the head's low-rank bias computed in the kernel.
 
-``sample_sequential_head_triton`` is ``sample_sequential`` for a
-``DSparkMarkovHead`` with float16 or bfloat16 weights, in one kernel launch per step
-and nothing else: no embedding lookup, no GEMM launch, no ``[R, V]`` bias in memory.
+``sample_sequential_factors_triton`` is ``markov_head_sample_ref`` for a low-rank head
+``(embed, weight)`` with float16 or bfloat16 factors (``sample_sequential_head_triton``:
+``sample_sequential`` for a ``DSparkMarkovHead``, through its ``low_rank_factors()``;
+``markov_head_sample_triton``: ``dspark::markov_head_sample`` on CUDA, the reference
+for other dtypes), in one kernel launch per step and nothing else: no embedding lookup,
+no GEMM launch, no ``[R, V]`` bias in memory.
 Program (row block, part) takes up to ``BLOCK_R`` rows and the vocabulary tiles
 ``[part * tiles, (part + 1) * tiles)`` of ``BLOCK_V`` tokens. For each tile it computes
 
@@ -48,7 +51,8 @@ from triton.language.extra import libdevice
 from dspark_compile.kernels.markov_sampling_triton import (
     _FINITE_LIMIT, _LN2, _NO_TOKEN, _REL, _exact_value, _gumbel_exact, _key_token, _merge,
     _mix32, _noise_bits, _order_key, _row_key)
-from dspark_compile.kernels.sampling_args import check_sampling_args, kernel_sampling_inputs
+from dspark_compile.kernels.markov_sampling import markov_head_sample_ref
+from dspark_compile.kernels.sampling_args import check_head_sampling_args, kernel_sampling_inputs
 
 BLOCK_R = 64                 # rows per program: one warpgroup's tensor-core tile
 BLOCK_V = 32                 # tokens per tile (H200 sweep,
@@ -326,23 +330,34 @@ def _head_bias_kernel(embed_ptr, embed_stride, weight_ptr, weight_stride, prev_p
              bias.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & in_vocab[None, :])
 
 
-def _head_weights(markov_head: nn.Module, device: torch.device):
-    """``(embed [V, r], weight [V, r])`` of a head whose bias this kernel computes as the
-    module does (``DSparkMarkovHead.low_rank_factors``); ``ValueError`` naming what is
-    not."""
+def in_kernel_head(embed: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether this kernel computes the bias of the factors ``(embed, weight)``: both
+    float16 or both bfloat16."""
+    return weight.dtype in _HEAD_DTYPES and embed.dtype == weight.dtype
+
+
+def _kernel_factors(embed: torch.Tensor, weight: torch.Tensor, device: torch.device):
+    """``(embed, weight)`` contiguous for the kernel; ``ValueError`` where it does not
+    take them (``in_kernel_head``) or they are not on ``device``."""
+    if not in_kernel_head(embed, weight):
+        raise ValueError(f"the Markov head factors are {embed.dtype} (embed) and "
+                         f"{weight.dtype} (weight): the in-kernel head needs both float16 or "
+                         f"both bfloat16")
+    if embed.device != device or weight.device != device:
+        raise ValueError(f"markov_head is on {weight.device}: expected {device}, where "
+                         f"base_logits are")
+    return embed.contiguous(), weight.contiguous()
+
+
+def _head_weights(markov_head: nn.Module):
+    """``(embed [V, r], weight [V, r])`` of a head whose bias is ``embed[prev] @ weight^T``
+    (``DSparkMarkovHead.low_rank_factors``); ``ValueError`` naming what is not."""
     factors = getattr(markov_head, "low_rank_factors", None)
     if factors is None:
         raise ValueError(f"markov_head is a {type(markov_head).__name__}: the in-kernel head "
                          f"needs a DSparkMarkovHead (low_rank_factors()); use "
                          f"sample_sequential_triton for any other module")
-    embed, weight = factors()
-    if weight.dtype not in _HEAD_DTYPES or embed.dtype != weight.dtype:
-        raise ValueError(f"markov_head weights are {embed.dtype} (embed) and {weight.dtype} "
-                         f"(bias): the in-kernel head needs both float16 or both bfloat16")
-    if embed.device != device or weight.device != device:
-        raise ValueError(f"markov_head is on {weight.device}: expected {device}, where "
-                         f"base_logits are")
-    return embed.contiguous(), weight.contiguous()
+    return factors()
 
 
 def _block_k(rank: int) -> int:
@@ -359,7 +374,7 @@ def markov_head_bias_triton(markov_head: nn.Module, prev: torch.Tensor,
     adds for tokens ``prev [R]``: compare it with ``markov_head(prev)`` to know whether
     the tokens are bit-identical to ``sample_sequential``'s on this device."""
     _check_block_v(block_v)
-    embed, weight = _head_weights(markov_head, prev.device)
+    embed, weight = _kernel_factors(*_head_weights(markov_head), prev.device)
     num_rows, (vocab, rank) = prev.shape[0], weight.shape
     out = torch.empty((num_rows, vocab), dtype=weight.dtype, device=prev.device)
     if num_rows == 0:
@@ -391,16 +406,44 @@ def _check_launch(block_v, tiles_per_program, num_warps, num_stages) -> None:
 def sample_sequential_head_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                                   markov_head: nn.Module, temperature: Union[float, torch.Tensor],
                                   seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                                  *, block_v: int = BLOCK_V,
-                                  tiles_per_program: int = TILES_PER_PROGRAM,
-                                  num_warps: int = NUM_WARPS,
-                                  num_stages: int = NUM_STAGES, filter_upper: bool = True,
-                                  rescans: Optional[torch.Tensor] = None,
-                                  _fast_wobble: Tuple[float, float] = (0.0, 0.0)
-                                  ) -> torch.Tensor:
+                                  **knobs) -> torch.Tensor:
     """``sample_sequential`` with the ``DSparkMarkovHead``'s bias computed in one kernel
-    per step (module docstring, also for when the tokens are bit-identical);
-    ``[R, N]`` int64 tokens, no host synchronisation.
+    per step (module docstring, also for when the tokens are bit-identical): the head's
+    ``low_rank_factors()`` through ``sample_sequential_factors_triton`` (``knobs``: its
+    launch knobs). ``[R, N]`` int64 tokens, no host synchronisation."""
+    embed, weight = _head_weights(markov_head)
+    return sample_sequential_factors_triton(base_logits, anchor_tokens, embed, weight,
+                                            temperature, seeds, positions, **knobs)
+
+
+def markov_head_sample_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                              embed: torch.Tensor, weight: torch.Tensor,
+                              temperature: torch.Tensor, seeds: torch.Tensor,
+                              positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``dspark::markov_head_sample`` on CUDA: this kernel for float16 or bfloat16 factors
+    (``in_kernel_head``), else the torch reference ``markov_head_sample_ref``."""
+    if in_kernel_head(embed, weight):
+        return sample_sequential_factors_triton(base_logits, anchor_tokens, embed, weight,
+                                                temperature, seeds, positions)
+    return markov_head_sample_ref(base_logits, anchor_tokens, embed, weight, temperature, seeds,
+                                  positions)
+
+
+def sample_sequential_factors_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                                     embed: torch.Tensor, weight: torch.Tensor,
+                                     temperature: Union[float, torch.Tensor],
+                                     seeds: torch.Tensor,
+                                     positions: Optional[torch.Tensor] = None,
+                                     *, block_v: int = BLOCK_V,
+                                     tiles_per_program: int = TILES_PER_PROGRAM,
+                                     num_warps: int = NUM_WARPS,
+                                     num_stages: int = NUM_STAGES, filter_upper: bool = True,
+                                     rescans: Optional[torch.Tensor] = None,
+                                     _fast_wobble: Tuple[float, float] = (0.0, 0.0)
+                                     ) -> torch.Tensor:
+    """``markov_head_sample_ref`` for the low-rank head ``(embed [V, r], weight [V, r])``,
+    both float16 or both bfloat16, with its bias computed in one kernel per step (module
+    docstring); ``[R, N]`` int64 tokens, no host synchronisation.
 
     Launch knobs (the tokens do not depend on them): ``block_v`` (a power of two >= 16)
     tokens per tile, ``tiles_per_program`` (an int >= 1), ``num_warps`` (4 or 8) and
@@ -413,14 +456,11 @@ def sample_sequential_head_triton(base_logits: torch.Tensor, anchor_tokens: torc
     _check_launch(block_v, tiles_per_program, num_warps, num_stages)
     if not isinstance(filter_upper, bool):
         raise ValueError(f"filter_upper={filter_upper!r} is invalid: expected True or False")
-    temperature, positions, greedy_only = check_sampling_args(base_logits, anchor_tokens,
-                                                              temperature, seeds, positions)
+    temperature, positions, greedy_only = check_head_sampling_args(
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions)
     num_reqs, num_steps, vocab = base_logits.shape
     device = base_logits.device
-    embed, weight = _head_weights(markov_head, device)
-    if tuple(weight.shape) != (vocab, embed.shape[1]) or embed.shape[0] != vocab:
-        raise ValueError(f"markov_head has vocabulary {embed.shape[0]} (embed) and "
-                         f"{weight.shape[0]} (bias): expected base_logits' {vocab}")
+    embed, weight = _kernel_factors(embed, weight, device)
     if num_steps == 0 or num_reqs == 0:
         return torch.empty((num_reqs, num_steps), dtype=torch.int64, device=device)
     base_logits, seeds, positions = kernel_sampling_inputs(base_logits, seeds, positions)

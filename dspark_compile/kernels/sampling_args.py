@@ -1,5 +1,6 @@
 """Argument checks of DSpark sequential Markov sampling, shared by the torch reference
-(``models.markov_sampling.sample_sequential``) and the fused Triton kernel."""
+(``kernels.markov_sampling``), the fused Triton kernels and ``dspark::markov_head_sample``'s
+fake implementation."""
 
 from __future__ import annotations
 
@@ -35,6 +36,31 @@ def check_sampling_args(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
         raise ValueError(f"temperature has shape {tuple(temperature.shape)}: expected a float "
                          f"or [{num_reqs}]")
     return temperature.to(device=device, dtype=torch.float32), positions, greedy_only
+
+
+def check_head_sampling_args(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                             embed: torch.Tensor, weight: torch.Tensor,
+                             temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
+                             positions: Optional[torch.Tensor]):
+    """``check_sampling_args`` (and its results) for a low-rank Markov head given by its
+    factors: ``embed`` and ``weight`` ``[V, r]`` of one floating dtype on the logits'
+    device, ``V`` the logits' vocabulary."""
+    checked = check_sampling_args(base_logits, anchor_tokens, temperature, seeds, positions)
+    vocab, device = base_logits.shape[2], base_logits.device
+    for name, factor in (("embed", embed), ("weight", weight)):
+        if factor.dim() != 2 or factor.shape[0] != vocab:
+            raise ValueError(f"{name} has shape {tuple(factor.shape)}: expected [{vocab}, r], "
+                             f"{vocab} being base_logits' vocabulary")
+        if factor.device != device:
+            raise ValueError(f"{name} is on {factor.device}: expected {device}, where "
+                             f"base_logits are")
+    if weight.shape[1] != embed.shape[1]:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}: expected embed's "
+                         f"{tuple(embed.shape)}")
+    if not embed.dtype.is_floating_point or weight.dtype != embed.dtype:
+        raise ValueError(f"embed is {embed.dtype} and weight {weight.dtype}: expected one "
+                         f"floating dtype")
+    return checked
 
 
 def kernel_sampling_inputs(base_logits: torch.Tensor, seeds: torch.Tensor,

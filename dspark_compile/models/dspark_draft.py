@@ -8,19 +8,21 @@ One index tensor (``dspark.swa_indices``, the draft's own causal sliding
 window) is computed per step and shared by every layer. Compiled with
 ``backend="dspark", options={"method": "dspark"}`` the index call becomes the
 non-causal block form; ``propose`` turns the block's hidden states into
-draft tokens through the Markov head (``sample_sequential``).
+draft tokens through the Markov head (``dspark.markov_head_sample``, or
+``sample_sequential`` for a head that is not plain low rank).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 import dspark_compile.ops  # noqa: F401  (torch.ops.dspark.*)
 from dspark_compile.arithmetic.index_width import causal_width
+from dspark_compile.kernels.sampling_args import check_sampling_args
 from dspark_compile.models.dflash_draft import RMSNorm, apply_rope
 from dspark_compile.models.markov_sampling import (DSparkMarkovHead, block_sample_indices,
                                                    sample_sequential)
@@ -127,14 +129,42 @@ class DSparkReferenceDraft(nn.Module):
         Step i of request r reads the logits of token ``query_start_loc[r] + 1 + i``
         (``block_sample_indices``) plus the Markov bias of the previous token;
         rows (``R = anchor_tokens.shape[0]``, CUDA-graph padding included)
-        without such a token are ``-1``.
+        without such a token are ``-1``. ``temperature``, ``seeds`` and ``positions``
+        as in ``sample_sequential``.
+
+        Sampler: where ``markov_head.low_rank_factors()`` succeeds (a plain
+        ``DSparkMarkovHead``), ``dspark.markov_head_sample``: on CUDA with float16 or
+        bfloat16 head weights the fused Triton kernel that computes the bias itself,
+        elsewhere the torch reference; any other head (forward hooks, its own forward,
+        any module) runs through ``sample_sequential`` with the module. The tokens are
+        ``sample_sequential``'s, on the fused kernel whenever its in-kernel bias equals
+        ``markov_head(prev)`` bit for bit (``markov_head_bias_triton`` compares them).
         """
         rows = anchor_tokens.shape[0]
         sample_index = block_sample_indices(query_start_loc, num_steps, rows)
         base = self.lm_head(hidden[torch.clamp(sample_index, min=0)])      # [R, N, V]
-        tokens = sample_sequential(base, anchor_tokens, self.markov_head, temperature, seeds,
-                                   positions)
+        factors = _low_rank_factors(self.markov_head)
+        if factors is None:
+            tokens = sample_sequential(base, anchor_tokens, self.markov_head, temperature,
+                                       seeds, positions)
+        else:
+            temperature = check_sampling_args(base, anchor_tokens, temperature, seeds,
+                                              positions)[0]                # [R] float32
+            tokens = torch.ops.dspark.markov_head_sample(base, anchor_tokens, *factors,
+                                                         temperature, seeds, positions)
         return torch.where(sample_index >= 0, tokens, torch.full_like(tokens, -1))
+
+
+def _low_rank_factors(markov_head: nn.Module) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """``markov_head.low_rank_factors()``, or None where the head has no such method or
+    it raises ``ValueError`` (the head's bias is not ``embed[prev] @ weight^T``)."""
+    factors = getattr(markov_head, "low_rank_factors", None)
+    if factors is None:
+        return None
+    try:
+        return factors()
+    except ValueError:
+        return None
 
 
 def random_latent_caches(num_layers: int, num_blocks: int, block_size: int, head_dim: int,

@@ -7,8 +7,9 @@ sampled at step i-1 (the anchor token for i = 0).
 
 Sampling is greedy argmax at temperature 0, else Gumbel-max with noise that
 is a pure function of ``(seed, position, token id)`` (``gumbel_noise``), so a
-verifier can regenerate it. Everything is fixed-shape torch ops over a fixed
-number of steps: no host synchronisation, capturable in a CUDA graph.
+verifier can regenerate it. The loop is ``kernels.markov_sampling.sample_with_bias``
+(shared with ``dspark::markov_head_sample``): fixed-shape torch ops over a fixed
+number of steps, no host synchronisation, capturable in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
-from dspark_compile.kernels.sampling_args import check_sampling_args
+# The noise functions live with the reference sampler; re-exported for the old import path.
+from dspark_compile.kernels.markov_sampling import (  # noqa: F401
+    gumbel_from_bits, gumbel_noise, noise_bits, sample_with_bias)
 from dspark_compile.validation import check_int
-
-_MASK32 = 0xFFFFFFFF
 
 
 class DSparkMarkovHead(nn.Module):
@@ -65,48 +66,6 @@ class DSparkMarkovHead(nn.Module):
         return self.embed.weight.detach(), self.bias.weight.detach()
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``x * c mod 2**32`` for ``0 <= x < 2**32`` in int64 without overflow."""
-    low = x * (c & 0xFFFF)
-    high = torch.bitwise_and(x * (c >> 16), 0xFFFF) * 0x10000
-    return torch.bitwise_and(low + high, _MASK32)
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """The ``lowbias32`` integer hash on uint32 values held in int64."""
-    x = torch.bitwise_xor(x, x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = torch.bitwise_xor(x, x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return torch.bitwise_xor(x, x >> 16)
-
-
-def noise_bits(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The 32-bit hash behind ``gumbel_noise``: ``[R, V]`` int64 in ``[0, 2**32)``,
-    ``h = mix(mix(mix(seed_lo ^ mix(seed_hi)) ^ position) + token)`` (32-bit
-    ``lowbias32`` mixes). ``seeds``, ``positions``: ``[R]`` ints."""
-    seeds = seeds.to(torch.int64)
-    key = torch.bitwise_xor(torch.bitwise_and(seeds, _MASK32),
-                            _mix32(torch.bitwise_and(seeds >> 32, _MASK32)))
-    key = _mix32(torch.bitwise_xor(_mix32(key), torch.bitwise_and(positions.to(torch.int64),
-                                                                   _MASK32)))
-    tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    return _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
-
-
-def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
-    """The noise of hash ``bits``: ``u = ((h >> 9) + 0.5) / 2**23`` (exact in float32,
-    strictly inside (0, 1)), noise ``-log(-log(u))`` in float32."""
-    uniform = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / float(1 << 23))
-    return -torch.log(-torch.log(uniform))
-
-
-def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Standard Gumbel noise ``[R, V]`` float32, a pure function of (seed, position, token):
-    ``gumbel_from_bits(noise_bits(seeds, positions, vocab_size))``."""
-    return gumbel_from_bits(noise_bits(seeds, positions, vocab_size))
-
-
 def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                       markov_head: nn.Module, temperature: Union[float, torch.Tensor],
                       seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
@@ -125,27 +84,8 @@ def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     Returns:
         ``[R, N]`` int64 tokens. No host synchronisation.
     """
-    temperature, positions, greedy_only = check_sampling_args(base_logits, anchor_tokens,
-                                                              temperature, seeds, positions)
-    num_reqs, num_steps, vocab = base_logits.shape
-    device = base_logits.device
-    temperature = temperature.unsqueeze(1)
-    greedy_rows = temperature == 0
-    safe_temperature = torch.where(greedy_rows, torch.ones_like(temperature), temperature)
-    prev = anchor_tokens.to(torch.int64)
-    tokens = []
-    for step in range(num_steps):
-        logits = base_logits[:, step].float() + markov_head(prev).float()
-        token = logits.argmax(dim=-1)
-        if not greedy_only:
-            noise = gumbel_noise(seeds, positions.to(torch.int64) + step, vocab)
-            sampled = (logits / safe_temperature + noise).argmax(dim=-1)
-            token = torch.where(greedy_rows.squeeze(1), token, sampled)
-        tokens.append(token)
-        prev = token
-    if not tokens:
-        return torch.empty((num_reqs, 0), dtype=torch.int64, device=device)
-    return torch.stack(tokens, dim=1)
+    return sample_with_bias(base_logits, anchor_tokens, markov_head, temperature, seeds,
+                            positions)
 
 
 def block_sample_indices(query_start_loc: torch.Tensor, num_steps: int, num_rows: int,
