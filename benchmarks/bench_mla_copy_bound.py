@@ -121,9 +121,11 @@ def _kv_loads_only_kernel(kv_ptr, kv_stride, idx_ptr, idx_stride, out_ptr, width
         slot = tl.load(row + col, mask=col < width, other=-1)
         base = kv_ptr + tl.where(slot >= 0, slot, 0).to(tl.int64)[:, None] * kv_stride
         live = (slot >= 0)[:, None]
-        top = tl.maximum(top, tl.load(base + lat[None, :], mask=live, other=float("-inf")))
+        # (the maximum of two bf16 values is one of them: the cast back is exact)
+        top = tl.maximum(top, tl.load(base + lat[None, :], mask=live, other=float("-inf"))
+                         ).to(top.dtype)
         top_r = tl.maximum(top_r, tl.load(base + LORA + rope[None, :], mask=live,
-                                          other=float("-inf")))
+                                          other=float("-inf"))).to(top_r.dtype)
     out = out_ptr + pid.to(tl.int64) * (LORA + ROPE)
     tl.store(out + lat, tl.max(top, 0).to(tl.float32))
     tl.store(out + LORA + rope, tl.max(top_r, 0).to(tl.float32))
