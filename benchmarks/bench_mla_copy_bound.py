@@ -15,8 +15,13 @@ are checked against torch. Program mappings:
 - ``once``: each row gathered once, by 2 programs that split its tiles (128 programs);
 - ``request``: one program per request, whole row (64 programs).
 
-Beside it, with the ``op`` mapping, a plain Triton kernel that loads the tiles into
-registers (``tl.load``, 1-3 pipeline stages) and keeps an elementwise running maximum.
+Beside it: the same walk with TMA instead (tile t = 64 consecutive rows from the slot of
+its first listed column, nine ``[64, 64]`` boxes on one mbarrier per stage: as many
+bytes, some of them the wrong rows where a tile crosses a block, so a bound, not a
+gather); a plain Triton kernel with the ``op`` mapping that loads the tiles into
+registers (``tl.load``, 1-3 pipeline stages) and keeps an elementwise running maximum;
+and the read ceiling's own kernel on a contiguous buffer of the op's distinct KV bytes
+(what a plain stream of 151.6 MB takes, launch, ramp-up and tail included).
 
 Inputs: ``bench_dspark_kernels.mla_inputs`` (64 requests x 8 tokens, 32k context, W
 2048, bf16 512+64 latent), the non-causal rows; and the same rows with every request
@@ -42,8 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from bench_dspark_kernels import (bench_ms, graph_of, log, mla_inputs,  # noqa: E402
-                                  rel_err, section_ceiling)
+from bench_dspark_kernels import (_read_kernel, bench_ms, graph_of, log,  # noqa: E402
+                                  mla_inputs, rel_err, section_ceiling)
 
 from dspark_compile.kernels import sparse_mla as ref  # noqa: E402
 from dspark_compile.kernels import sparse_mla_gluon as glu  # noqa: E402
@@ -51,7 +56,8 @@ from dspark_compile.kernels import sparse_mla_gluon as glu  # noqa: E402
 if glu.HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _cta_barrier = glu._cta_barrier
 
@@ -144,6 +150,87 @@ def loads_only(kv_cache, indices, stages: int):
     return out
 
 
+if glu.HAVE_GLUON:
+
+    @gluon.jit
+    def _kv_tma_copies_kernel(desc, idx_ptr, idx_stride, out_ptr, listed,
+                              ROW_STEP: gl.constexpr, SPLIT: gl.constexpr,
+                              BLOCK_N: gl.constexpr, CHUNKS: gl.constexpr,
+                              STAGES: gl.constexpr):
+        # As _kv_copies_only_kernel, but tile t is 64 CONSECUTIVE rows from the slot of
+        # its first listed column, as CHUNKS TMA boxes [64, 64] on one mbarrier per stage
+        # (a bound: rows past a block boundary are the wrong rows, read as fast)
+        NW: gl.constexpr = gl.num_warps()
+        dtype: gl.constexpr = desc.dtype
+        pid = gl.program_id(0)
+        row = idx_ptr + ((pid // SPLIT) * ROW_STEP).to(gl.int64) * idx_stride
+        n_tiles = gl.cdiv(listed, BLOCK_N)
+        per_part = gl.cdiv(n_tiles, SPLIT)
+        first = (pid % SPLIT) * per_part
+        last = gl.minimum(first + per_part, n_tiles)
+        buf = gl.allocate_shared_memory(dtype, [STAGES * CHUNKS, BLOCK_N, 64], desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        for t in gl.static_range(STAGES - 1):
+            if first + t < last:
+                start = gl.load(row + (first + t) * BLOCK_N)
+                mbarrier.expect(bars.index(t), CHUNKS * BLOCK_N * 64 * 2)
+                for c in gl.static_range(CHUNKS):
+                    tma.async_copy_global_to_shared(desc, [start, c * 64], bars.index(t),
+                                                    buf.index(t * CHUNKS + c))
+        for j in range(first, last):
+            nxt = j + STAGES - 1
+            if nxt < last:
+                stage = (nxt - first) % STAGES
+                start = gl.load(row + nxt * BLOCK_N)
+                mbarrier.expect(bars.index(stage), CHUNKS * BLOCK_N * 64 * 2)
+                for c in gl.static_range(CHUNKS):
+                    tma.async_copy_global_to_shared(desc, [start, c * 64], bars.index(stage),
+                                                    buf.index(stage * CHUNKS + c))
+            mbarrier.wait(bars.index((j - first) % STAGES), ((j - first) // STAGES) & 1)
+        sum_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, sum_l))
+        lstage = (last - 1 - first) % STAGES
+        for c in gl.static_range(CHUNKS):
+            chunk = buf.index(lstage * CHUNKS + c).load(sum_l).to(gl.float32)
+            gl.store(out_ptr + pid.to(gl.int64) * (CHUNKS * 64) + c * 64 + cols,
+                     gl.sum(chunk, axis=0))
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+
+
+def tma_copies(kv_cache, indices, listed: int, mapping: str, q_len: int, stages: int = 2):
+    """Launch the TMA copies-only kernel (``listed`` slots per row); returns the column
+    sums ``[P, 576]`` of each program's last tile (64 consecutive rows, fp32)."""
+    kv = kv_cache.reshape(-1, kv_cache.shape[-1])
+    layout = gl.NVMMASharedLayout.get_default_for([glu.BLOCK_N, 64], gl.bfloat16)
+    desc = TensorDescriptor.from_tensor(kv, [glu.BLOCK_N, 64], layout)
+    row_step, split = _mapping(mapping, q_len)
+    programs = indices.shape[0] // row_step * split
+    out = torch.empty((programs, kv.shape[1]), dtype=torch.float32, device=kv.device)
+    _kv_tma_copies_kernel[(programs,)](
+        desc, indices, indices.stride(0), out, listed, ROW_STEP=row_step, SPLIT=split,
+        BLOCK_N=glu.BLOCK_N, CHUNKS=kv.shape[1] // 64, STAGES=stages,
+        num_warps=glu.NUM_WARPS)
+    return out
+
+
+def expected_tma_copies(kv_cache, indices, listed: int, mapping: str, q_len: int):
+    """What ``tma_copies`` stores: per program, the column sums ``[576]`` of the 64 rows
+    from its last tile's first slot (rows past the cache's end count as 0)."""
+    kv = kv_cache.reshape(-1, kv_cache.shape[-1])
+    row_step, split = _mapping(mapping, q_len)
+    n_tiles = -(-listed // glu.BLOCK_N)
+    per_part = -(-n_tiles // split)
+    sums = []
+    for p in range(indices.shape[0] // row_step * split):
+        last = min((p % split) * per_part + per_part, n_tiles)
+        start = int(indices[(p // split) * row_step, (last - 1) * glu.BLOCK_N])
+        sums.append(kv[start:start + glu.BLOCK_N].float().sum(dim=0))
+    return torch.stack(sums)
+
+
 def _mapping(mapping: str, q_len: int) -> tuple:
     """``(row_step, split)`` of a program mapping (module docstring)."""
     return {"op": (glu.GROUP, 1), "once": (q_len, 2), "request": (q_len, 1)}[mapping]
@@ -218,6 +305,21 @@ def main(argv=None) -> int:
                "device": torch.cuda.get_device_name(), "read_ceiling_GBps": ceiling,
                "rows": []}
     kv = kv_cache.reshape(-1, kv_cache.shape[-1])
+    # the read ceiling's kernel on a contiguous buffer of the op's distinct KV bytes: what a
+    # plain stream of this size takes (launch, ramp-up and tail included)
+    distinct = int((rows[::size.q_len] >= 0).sum()) * row_bytes
+    stream = torch.randn(distinct // 2, device="cuda", dtype=torch.bfloat16)
+    block, iters = 4096, 8
+    sums = torch.empty(triton.cdiv(stream.numel(), block * iters), device="cuda")
+
+    def read_stream():
+        _read_kernel[(sums.numel(),)](stream, sums, stream.numel(), BLOCK=block, ITERS=iters,
+                                      num_warps=8)
+        return sums
+    padded = torch.nn.functional.pad(stream.float(), (0, sums.numel() * block * iters
+                                                      - stream.numel()))
+    _timed(results, "KV in HBM", "contiguous read of the same bytes (ceiling's kernel)",
+           read_stream, padded.view(sums.numel(), -1).sum(dim=1), distinct, ceiling, tol=1e-4)
     for data, idx in (("KV in HBM", rows), ("KV in L2", resident)):
         per_request = int((idx >= 0).sum()) // size.q_len * row_bytes   # all requests
 
@@ -244,6 +346,14 @@ def main(argv=None) -> int:
                                                                   size.q_len, s),
                    want_copies, moved(2 if mapping == "op" else 1), ceiling,
                    programs=len(want_copies))
+        listed = int((idx[0] >= 0).sum())
+        for mapping, stages in (("op", 2), ("op", 3), ("once", 2)):
+            want_tma = expected_tma_copies(kv_cache, idx, listed, mapping, size.q_len)
+            _timed(results, data, f"TMA boxes of 64 rows, {mapping}, {stages} stages",
+                   lambda m=mapping, s=stages, i=idx: tma_copies(kv_cache, i, listed, m,
+                                                                 size.q_len, s),
+                   want_tma, moved(2 if mapping == "op" else 1), ceiling,
+                   programs=len(want_tma))
         whole = torch.stack([kv[r[r >= 0].long()].float().amax(0)
                              for r in idx[::glu.GROUP]])
         for stages in (1, 2, 3):
