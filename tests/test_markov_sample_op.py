@@ -77,6 +77,25 @@ def test_op_handles_empty_blocks():
     assert OP(base[:0], anchors[:0], *factors, temps[:0], seeds[:0], None).shape == (0, 3)
 
 
+def test_all_greedy_rows_skip_the_noise_on_cpu(monkeypatch):
+    """A temperature tensor of zeros samples greedily without computing the noise, as
+    ``sample_sequential`` does for a float 0 (on CPU, where reading it costs no sync)."""
+    from dspark_compile.kernels import markov_sampling as reference
+
+    head, base, anchors, seeds, positions, temps = _inputs(torch.float32)
+    factors = head.low_rank_factors()
+    with torch.no_grad():
+        want = sample_sequential(base, anchors, head, 0.0, seeds, positions)
+
+    def no_noise(*args):
+        raise AssertionError("noise computed for greedy rows")
+    monkeypatch.setattr(reference, "gumbel_noise", no_noise)
+    assert torch.equal(OP(base, anchors, *factors, torch.zeros_like(temps), seeds, positions),
+                       want)
+    with pytest.raises(AssertionError, match="noise computed"):
+        OP(base, anchors, *factors, temps, seeds, positions)
+
+
 def _draft(dtype):
     """(model, hidden, query_start_loc, anchors, seeds, positions) of
     ``test_dspark_draft._case``: two requests and one CUDA-graph padding row."""

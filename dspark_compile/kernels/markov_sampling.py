@@ -111,8 +111,12 @@ def markov_head_sample_ref(base_logits: torch.Tensor, anchor_tokens: torch.Tenso
                            temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
                            positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``sample_with_bias`` with the low-rank head ``(embed [V, r], weight [V, r])``
-    (``low_rank_bias``): the reference of ``dspark::markov_head_sample``."""
-    checked = check_head_sampling_args(base_logits, anchor_tokens, embed, weight, temperature,
-                                       seeds, positions)
+    (``low_rank_bias``): the reference of ``dspark::markov_head_sample``. On CPU a
+    temperature tensor of zeros skips the noise, as a float 0 does (no host sync there)."""
+    temperature, positions, greedy_only = check_head_sampling_args(
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions)
+    if base_logits.device.type == "cpu" and not greedy_only:
+        greedy_only = not bool(temperature.any())
     return _sample_steps(base_logits, anchor_tokens,
-                         lambda prev: low_rank_bias(prev, embed, weight), seeds, *checked)
+                         lambda prev: low_rank_bias(prev, embed, weight), seeds, temperature,
+                         positions, greedy_only)
