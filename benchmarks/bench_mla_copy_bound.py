@@ -16,10 +16,11 @@ are checked against torch. Program mappings:
 - ``request``: one program per request, whole row (64 programs).
 
 Beside it: the same walk with TMA instead (tile t = 64 consecutive rows from the slot of
-its first listed column, nine ``[64, 64]`` boxes on one mbarrier per stage: as many
-bytes, some of them the wrong rows where a tile crosses a block, so a bound, not a
-gather); a plain Triton kernel with the ``op`` mapping that loads the tiles into
-registers (``tl.load``, 1-3 pipeline stages) and keeps an elementwise running maximum;
+its first listed column, nine ``[64, 64]`` boxes on one mbarrier per stage: whole
+tiles, so 2112 rows per request where 2056 are listed (2.7% more bytes than counted),
+some of them the wrong rows where a tile crosses a block: a bound, not a gather); a
+plain Triton kernel with the ``op`` mapping that loads the tiles into registers
+(``tl.load``, 1-3 pipeline stages) and keeps an elementwise running maximum;
 and the read ceiling's own kernel on a contiguous buffer of the op's distinct KV bytes
 (what a plain stream of 151.6 MB takes, launch, ramp-up and tail included).
 
@@ -220,13 +221,9 @@ def expected_tma_copies(kv_cache, indices, listed: int, mapping: str, q_len: int
     """What ``tma_copies`` stores: per program, the column sums ``[576]`` of the 64 rows
     from its last tile's first slot (rows past the cache's end count as 0)."""
     kv = kv_cache.reshape(-1, kv_cache.shape[-1])
-    row_step, split = _mapping(mapping, q_len)
-    n_tiles = -(-listed // glu.BLOCK_N)
-    per_part = -(-n_tiles // split)
     sums = []
-    for p in range(indices.shape[0] // row_step * split):
-        last = min((p % split) * per_part + per_part, n_tiles)
-        start = int(indices[(p // split) * row_step, (last - 1) * glu.BLOCK_N])
+    for token, last in _last_tiles(indices.shape[0], listed, mapping, q_len):
+        start = int(indices[token, (last - 1) * glu.BLOCK_N])
         sums.append(kv[start:start + glu.BLOCK_N].float().sum(dim=0))
     return torch.stack(sums)
 
@@ -236,20 +233,24 @@ def _mapping(mapping: str, q_len: int) -> tuple:
     return {"op": (glu.GROUP, 1), "once": (q_len, 2), "request": (q_len, 1)}[mapping]
 
 
+def _last_tiles(tokens: int, columns: int, mapping: str, q_len: int) -> list:
+    """Per program of ``mapping``, ``(token whose row it walks, one past its last tile)``
+    over ``columns`` index columns, as the copy kernels split them."""
+    row_step, split = _mapping(mapping, q_len)
+    n_tiles = -(-columns // glu.BLOCK_N)
+    per_part = -(-n_tiles // split)
+    return [((p // split) * row_step, min((p % split) * per_part + per_part, n_tiles))
+            for p in range(tokens // row_step * split)]
+
+
 def expected_copies(kv_cache, indices, mapping: str, q_len: int) -> torch.Tensor:
     """What ``copies_only`` stores: per program, the column sums ``[512]`` (fp32) of the
     latent part of its last tile's rows (holes and slots past its part count as 0)."""
     kv = kv_cache.reshape(-1, kv_cache.shape[-1])
     tokens, width = indices.shape
-    row_step, split = _mapping(mapping, q_len)
-    n_tiles = -(-width // glu.BLOCK_N)
-    per_part = -(-n_tiles // split)
     sums = []
-    for p in range(tokens // row_step * split):
-        first = (p % split) * per_part
-        last = min(first + per_part, n_tiles)
-        slots = indices[(p // split) * row_step,
-                        (last - 1) * glu.BLOCK_N:min(last * glu.BLOCK_N, width)]
+    for token, last in _last_tiles(tokens, width, mapping, q_len):
+        slots = indices[token, (last - 1) * glu.BLOCK_N:min(last * glu.BLOCK_N, width)]
         rows = kv[slots[slots >= 0].long(), :glu.LORA].float()
         sums.append(rows.sum(dim=0))
     return torch.stack(sums)
