@@ -160,6 +160,29 @@ def test_grouped_config_is_validated():
             GroupedMLAConfig(**bad)
 
 
+@pytest.mark.parametrize("noncausal", [True, False])
+def test_grouped_sparse_mla_trailing_padding_changes_nothing(noncausal):
+    """Rows padded with three more tiles of ``-1`` (rows end at several columns, mid-tile
+    and on a tile edge): the result is the reference's, with or without column splits,
+    and without splits bit for bit the unpadded launch's."""
+    query, kv_cache, indices = _mla_case([150, 40, 64, 3], [8, 8, 8, 3], 16, 48, 4, 32, 16,
+                                         noncausal, seed=43)
+    padded = torch.cat([indices, torch.full((indices.shape[0], 3 * 16 + 5), -1,
+                                            dtype=torch.int32)], dim=1)
+    want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), padded, 0.2, 32)
+    args = (query.to(DEVICE), kv_cache.to(DEVICE))
+    for config in (GroupedMLAConfig(block_n=16, num_splits=1),
+                   GroupedMLAConfig(block_n=16, num_splits=3)):
+        got = grouped_sparse_mla_attention_triton(*args, padded.to(DEVICE), 0.2, 32,
+                                                  config).cpu()
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    plain = grouped_sparse_mla_attention_triton(*args, indices.to(DEVICE), 0.2, 32,
+                                                GroupedMLAConfig(block_n=16, num_splits=1))
+    unsplit = grouped_sparse_mla_attention_triton(*args, padded.to(DEVICE), 0.2, 32,
+                                                  GroupedMLAConfig(block_n=16, num_splits=1))
+    assert torch.equal(unsplit, plain)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="bf16 Triton path needs a GPU (the interpreter mishandles bf16)")
 def test_grouped_sparse_mla_bf16():

@@ -101,6 +101,28 @@ def test_gluon_launch_variants(variant, num_tokens, shared):
 
 
 @hopper_only
+@pytest.mark.parametrize("variant", [dict(), dict(fold_mixed=False),
+                                     dict(block_n=32, stages=4)])
+def test_gluon_trailing_padding_changes_nothing(variant):
+    """Index rows end in ``-1`` padding up to ``width`` (as the index ops write them).
+    Padding five more tiles wide changes no bit of the output: the all-hole tiles add
+    exact zeros and rescale by exactly 1. Group 0 is uniform and its rows end mid-tile;
+    in mixed group 1 a later token's row runs 130 columns past the lead token's."""
+    query, kv_cache, indices = _inputs(8, 16, 200, 16, 0.1, 4, True, seed=5)
+    padded = torch.full((8, 200 + 5 * 64 + 17), -1, dtype=torch.int32, device="cuda")
+    padded[:, :200] = indices
+    padded[0:4, 130:] = -1                   # group 0: live end 130, mid-tile
+    padded[4, 70:] = -1                      # group 1: lead ends at 70 ...
+    padded[5] = padded[7] = padded[4]        # ... token 6 keeps its 200 columns
+    want = ref.sparse_mla_attention_ref(query, kv_cache, padded, SCALE, 512)
+    got = glu._launch(query, kv_cache, padded, SCALE, **variant)
+    cut = glu._launch(query, kv_cache, padded[:, :200].contiguous(), SCALE, **variant)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    assert torch.equal(got, cut)
+
+
+@hopper_only
 def test_gluon_flag_launch_finishes_uniform_groups_without_the_per_token_pass():
     """With the flag launch and no per-token pass, the kernel alone writes the final
     rows of a uniform group that sits between mixed ones (the per-token pass adds
