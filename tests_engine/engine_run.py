@@ -5,8 +5,9 @@
 (optional ``draft_sink_size``), ``tp``, ``prompt_lens``, ``max_tokens``,
 ``max_model_len``, ``device`` (``cpu``/``cuda``), ``dtype``, ``backend`` (the
 attention backend, GPU only), ``graphs`` (GPU: ``full`` = FULL CUDA graphs with
-``splitting_ops: []``, ``piecewise`` = piecewise graphs with
-``use_inductor_graph_partition``). The engine core runs in this process
+``splitting_ops: []``, which vLLM turns into FULL graphs; ``piecewise`` =
+``use_inductor_graph_partition: true`` with vLLM's default splitting ops and
+graph mode; the mode vLLM chose is reported). The engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); with ``tp > 1`` the workers are
 processes of vLLM's ``mp`` executor. The report holds the greedy token ids,
 vLLM's speculative-decoding counters and ``engine_probe.report`` of each worker.
@@ -56,12 +57,10 @@ def main(spec_path: str, report_path: str) -> None:
         kwargs.update(gpu_memory_utilization=0.12, kv_cache_memory_bytes=1 << 30,
                       attention_config={"backend": spec["backend"]})
         kwargs["speculative_config"]["attention_backend"] = spec["backend"]
-        if spec.get("graphs") == "piecewise":
+        if spec.get("graphs") == "piecewise":   # the README's alternative to splitting_ops: []
             kwargs["compilation_config"] = {
                 "inductor_passes": kwargs["compilation_config"]["inductor_passes"],
-                "use_inductor_graph_partition": True, "cudagraph_mode": "PIECEWISE"}
-        else:
-            kwargs["compilation_config"]["cudagraph_mode"] = "FULL"
+                "use_inductor_graph_partition": True}
     if spec.get("window") is not None:
         kwargs["additional_config"] = {"draft_window_size": spec["window"]}
         if spec.get("sinks"):
