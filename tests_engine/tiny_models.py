@@ -24,7 +24,7 @@ HIDDEN = 128
 HEADS = 4          # head_dim 32: CPU_ATTN supports multiples of 32; TP=2 splits heads
 KV_HEADS = 2
 INTERMEDIATE = 128
-MAX_POSITIONS = 2048
+MAX_POSITIONS = 8192
 
 
 def llama_config(num_layers: int) -> dict:
