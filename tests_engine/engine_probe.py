@@ -1,7 +1,9 @@
 """Worker-side probes, run in every vLLM worker through ``LLM.collective_rpc``.
 
-``install`` wraps the attention implementation of every attention layer so
-each call with metadata is counted, with whether the metadata it received is
+``install_class_probes`` (engine_run.py, before the engine is built, so calls
+made during CUDA-graph capture count too) or ``install`` (per layer, in each
+worker, after start) wraps the attention implementation so each call with
+metadata is counted, with whether the metadata it received is
 the draft window's (``dspark_window`` set by ``StepWindows``), whether it is
 the per-token expansion of the window with sinks (one single-query row per
 token), the largest query length and the layer's sliding window. ``report`` returns those counts
@@ -21,7 +23,46 @@ def _static_layers(worker: Any) -> dict[str, Any]:
     return config.compilation_config.static_forward_context
 
 
+def _impl_classes() -> list[type]:
+    """The attention implementations of the backends the window supports, as installed."""
+    import importlib
+
+    classes = []
+    for module, name in (("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl"),
+                         ("vllm.v1.attention.backends.triton_attn", "TritonAttentionImpl"),
+                         ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl")):
+        try:
+            classes.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return classes
+
+
+def install_class_probes() -> int:
+    """Wrap ``forward`` of every supported backend's attention implementation CLASS, in
+    this process, before the engine is built: calls made while CUDA graphs are captured
+    (and every eager call) are recorded, keyed by ``layer.layer_name``. Worker processes
+    of other executors get ``install`` instead."""
+    classes = _impl_classes()
+    for cls in classes:
+        if cls.__dict__.get("_dspark_probe"):
+            continue
+        original = cls.forward
+
+        def forward(impl, layer_, query, key, value, kv_cache, attn_metadata, *args,
+                    _original=original, **kwargs):
+            _record(layer_.layer_name, impl, attn_metadata)
+            return _original(impl, layer_, query, key, value, kv_cache, attn_metadata,
+                             *args, **kwargs)
+
+        cls.forward = forward
+        cls._dspark_probe = True
+    return len(classes)
+
+
 def install(worker: Any) -> int:
+    """Wrap ``forward`` of each attention layer's implementation instance in ``worker``
+    (not already probed by ``install_class_probes``); returns how many were wrapped."""
     from vllm.model_executor.layers.attention.attention import Attention
 
     count = 0
@@ -33,35 +74,40 @@ def install(worker: Any) -> int:
 
         def forward(layer_, query, key, value, kv_cache, attn_metadata, *args,
                     _original=original, _name=name, _impl=impl, **kwargs):
-            if attn_metadata is not None:
-                record = CALLS.setdefault(_name, {"calls": 0, "windowed": 0, "max_query_len": 0,
-                                                  "sliding_window": None, "expanded": 0,
-                                                  "expanded_max_tokens": 0, "sink_size": 0})
-                record["calls"] += 1
-                spec = getattr(attn_metadata, "dspark_window", None)
-                if spec is not None:
-                    record["windowed"] += 1
-                    record["sink_size"] = spec.sink_size
-                if getattr(attn_metadata, "dspark_expanded", False):
-                    # one single-query row per token: rows == tokens, qsl == arange
-                    tokens = int(attn_metadata.num_actual_tokens)
-                    qsl = attn_metadata.query_start_loc
-                    if (attn_metadata.max_query_len == 1
-                            and attn_metadata.seq_lens.shape[0] == tokens
-                            and attn_metadata.block_table.shape[0] == tokens
-                            and qsl.tolist() == list(range(tokens + 1))):
-                        record["expanded"] += 1
-                        record["expanded_max_tokens"] = max(record["expanded_max_tokens"],
-                                                            tokens)
-                record["max_query_len"] = max(record["max_query_len"],
-                                              int(attn_metadata.max_query_len))
-                record["sliding_window"] = repr(_impl.sliding_window)
+            _record(_name, _impl, attn_metadata)
             return _original(layer_, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
 
         impl.forward = forward
         impl._dspark_probe = True
         count += 1
     return count
+
+
+def _record(name: str, impl: Any, attn_metadata: Any) -> None:
+    """Count one attention call of layer ``name`` (calls without metadata are not counted)."""
+    if attn_metadata is not None:
+        record = CALLS.setdefault(name, {"calls": 0, "windowed": 0, "max_query_len": 0,
+                                          "sliding_window": None, "expanded": 0,
+                                          "expanded_max_tokens": 0, "sink_size": 0})
+        record["calls"] += 1
+        spec = getattr(attn_metadata, "dspark_window", None)
+        if spec is not None:
+            record["windowed"] += 1
+            record["sink_size"] = spec.sink_size
+        if getattr(attn_metadata, "dspark_expanded", False):
+            # one single-query row per token: rows == tokens, qsl == arange
+            tokens = int(attn_metadata.num_actual_tokens)
+            qsl = attn_metadata.query_start_loc
+            if (attn_metadata.max_query_len == 1
+                    and attn_metadata.seq_lens.shape[0] == tokens
+                    and attn_metadata.block_table.shape[0] == tokens
+                    and qsl.tolist() == list(range(tokens + 1))):
+                record["expanded"] += 1
+                record["expanded_max_tokens"] = max(record["expanded_max_tokens"],
+                                                    tokens)
+        record["max_query_len"] = max(record["max_query_len"],
+                                      int(attn_metadata.max_query_len))
+        record["sliding_window"] = repr(impl.sliding_window)
 
 
 def report(worker: Any) -> dict[str, Any]:

@@ -67,6 +67,7 @@ def main(spec_path: str, report_path: str) -> None:
             kwargs["additional_config"]["draft_sink_size"] = spec["sinks"]
     if spec.get("tp", 1) > 1:
         kwargs["distributed_executor_backend"] = "mp"
+    engine_probe.install_class_probes()   # this process's workers (TP 1): capture included
     llm = LLM(**kwargs)
     init_s = time.time() - started
     llm.collective_rpc(engine_probe.install)

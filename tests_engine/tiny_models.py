@@ -25,6 +25,7 @@ HEADS = 4          # head_dim 32: CPU_ATTN supports multiples of 32; TP=2 splits
 KV_HEADS = 2
 INTERMEDIATE = 128
 MAX_POSITIONS = 8192
+AUX_LAYERS = [1, 2]   # EAGLE3: the 2-layer target's hidden states after layers 0 and 1
 
 
 def llama_config(num_layers: int) -> dict:
@@ -54,7 +55,7 @@ def build_llama(path: Path, num_layers: int, seed: int) -> Path:
 
 
 def build_eagle3(path: Path, seed: int) -> Path:
-    """Random one-layer EAGLE3 draft for the 2-layer target (full vocab, 3 aux hidden states)."""
+    """Random one-layer EAGLE3 draft for the 2-layer target (full vocab, 2 aux hidden states)."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -65,12 +66,13 @@ def build_eagle3(path: Path, seed: int) -> Path:
     config["architectures"] = ["LlamaForCausalLMEagle3"]
     config["draft_vocab_size"] = VOCAB
     config["target_hidden_size"] = HIDDEN
-    # Aux hidden states after target layers 0, 1 and 2 (the input, and the
-    # outputs of both layers of a 2-layer target); vLLM's Llama default
-    # (2, L // 2, L - 3) needs L >= 3. vLLM 0.26's V1 runner reads the ids from
-    # ``eagle_config``, its V2 runner only from the top level: set both.
-    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
-    config["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]
+    # Aux hidden states after target layers 0 and 1 (ids 1 and 2; id 0, the embedding
+    # output, breaks vLLM 0.26's in-place functionalization pass on the target: the
+    # embedding is donated to the first fused_add_rms_norm and then read again). vLLM
+    # 0.26's V1 runner reads the ids from ``eagle_config``, its V2 runner only from
+    # the top level: set both.
+    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": AUX_LAYERS}
+    config["eagle_aux_hidden_state_layer_ids"] = AUX_LAYERS
     (path / "config.json").write_text(json.dumps(config, indent=1))
     gen = torch.Generator().manual_seed(seed)
 
@@ -79,7 +81,7 @@ def build_eagle3(path: Path, seed: int) -> Path:
 
     head_dim = HIDDEN // HEADS
     weights = {
-        "fc.weight": rand(HIDDEN, 3 * HIDDEN),
+        "fc.weight": rand(HIDDEN, len(AUX_LAYERS) * HIDDEN),
         "midlayer.hidden_norm.weight": torch.ones(HIDDEN),
         "midlayer.input_layernorm.weight": torch.ones(HIDDEN),
         "midlayer.post_attention_layernorm.weight": torch.ones(HIDDEN),
