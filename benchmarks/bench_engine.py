@@ -55,6 +55,7 @@ HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
               "decode": "vllm:request_decode_time_seconds",
               "e2e": "vllm:e2e_request_latency_seconds"}
 ENGINE_START_ESTIMATE_S = 60.0
+OUR_LOOP_RESERVE_S = 100.0
 
 
 def log(msg: str) -> None:
@@ -261,6 +262,8 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in result["summary"] if r["temperature"] == 0]
+    if not rows:
+        return
     families = sorted({r["family"] for r in rows if r["setting"] != "nospec"}) or ["draft_model"]
     batches = sorted({r["batch"] for r in rows})
     fig, axes = plt.subplots(2, max(1, len(families) * len(batches)), squeeze=False,
@@ -372,8 +375,14 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
                               for i in range(len(ids))]
                     before = snapshot(llm.get_metrics())
                     t0 = time.perf_counter()
-                    outputs = llm.generate([{"prompt_token_ids": p} for p in ids], params,
-                                           use_tqdm=False)
+                    try:
+                        outputs = llm.generate([{"prompt_token_ids": p} for p in ids], params,
+                                               use_tqdm=False)
+                    except Exception as error:  # noqa: BLE001  (recorded; next cell)
+                        engine.setdefault("errors", []).append(
+                            f"T={temperature} B={batch} ctx={context}: {error!r}")
+                        log(f"cell failed: {engine['errors'][-1]}")
+                        break
                     wall = time.perf_counter() - t0
                     d = delta(before, snapshot(llm.get_metrics()))
                     tokens = [list(o.outputs[0].token_ids) for o in outputs]
@@ -527,6 +536,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-seconds", type=float, default=560.0)
     parser.add_argument("--our-loop", action="store_true",
                         help="also run dspark_compile.speculative's loop (greedy, batch 1)")
+    parser.add_argument("--our-loop-only", action="store_true",
+                        help="run no engine, only our loop (then --baseline is ignored)")
     parser.add_argument("--our-loop-device", default=None)
     parser.add_argument("--plot-only", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -594,9 +605,15 @@ def main(argv=None) -> int:
         settings = [s for s in settings if s != "nospec"]
     plan = [("-", "nospec")] if "nospec" in settings else []
     plan += [(f, s) for f in families for s in settings if s != "nospec"]
-    for family, setting in plan:
-        remaining = deadline - time.time()
-        if remaining < ENGINE_START_ESTIMATE_S:
+    if args.our_loop_only:
+        plan, args.our_loop = [], True
+    loop_reserve = OUR_LOOP_RESERVE_S if args.our_loop else 0.0
+    for index, (family, setting) in enumerate(plan):
+        remaining = deadline - loop_reserve - time.time()
+        # every engine left gets an equal share of the time left (cells run greedy
+        # batch 1 first, so a cut drops the sampled / batched cells first)
+        share = remaining / (len(plan) - index)
+        if share < ENGINE_START_ESTIMATE_S:
             msg = f"not run (time): {family}/{setting}"
             log(msg)
             result["notes"].append(msg)
@@ -614,10 +631,11 @@ def main(argv=None) -> int:
                 "temperatures": [float(t) for t in args.temperatures.split(",")],
                 "repeats": args.repeats, "new_tokens": args.new_tokens,
                 "prompts": {str(c): prompts[str(c)] for c in contexts},
-                "deadline": deadline - 15}
-        log(f"engine {family}/{setting} (window {windows[setting]}), {remaining:.0f} s left")
+                "deadline": time.time() + share - 15}
+        log(f"engine {family}/{setting} (window {windows[setting]}), {remaining:.0f} s left, "
+            f"{share:.0f} s for this engine")
         name = setting if setting == "nospec" else f"{family}-{setting}"
-        got = _child("--worker", spec, workdir, name, remaining - 5)
+        got = _child("--worker", spec, workdir, name, share + 30)
         if not got:
             result["notes"].append(f"{family}/{setting}: engine produced no result "
                                    f"(log {workdir}/{name}.log)")

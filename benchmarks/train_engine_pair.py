@@ -85,16 +85,17 @@ _H200_TARGET = LMConfig(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads
                         intermediate_size=1536)
 
 SCALES = {
-    # 2 CPU cores, a few minutes; the CI checkpoint (tests_engine/data/trained_pair).
+    # 2 CPU cores, ~6 min idle (no --time-budget: every step runs, so a rebuild is
+    # reproducible); the CI checkpoint (tests_engine/data/trained_pair).
     "tiny": PairScale(
         name="tiny", target=_TINY_TARGET,
-        target_short=TrainSpec(steps=150, batch=8, context=256, lr=3e-3, warmup=15),
-        target_long=TrainSpec(steps=40, batch=2, context=1152, lr=1.5e-3, warmup=5, seed=3),
+        target_short=TrainSpec(steps=100, batch=8, context=256, lr=3e-3, warmup=10),
+        target_long=TrainSpec(steps=30, batch=2, context=1152, lr=1.5e-3, warmup=5, seed=3),
         draft=LMConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
                        intermediate_size=192),
-        draft_train=TrainSpec(steps=300, batch=32, context=64, lr=3e-3, warmup=20, seed=1),
+        draft_train=TrainSpec(steps=250, batch=32, context=64, lr=3e-3, warmup=20, seed=1),
         eagle=_eagle_cfg(_TINY_TARGET, 256),
-        eagle_train=TrainSpec(steps=200, batch=16, context=64, lr=3e-3, warmup=20, seed=2),
+        eagle_train=TrainSpec(steps=100, batch=16, context=64, lr=3e-3, warmup=10, seed=2),
         contexts=(64, 1024), max_model_len=1120, prompts_per_context=4, eval_batches=2),
     # one H200, ~4-5 minutes of training in all.
     "h200": PairScale(
