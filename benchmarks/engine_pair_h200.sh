@@ -13,26 +13,27 @@ stage=${1:?usage: engine_pair_h200.sh train|draft_model|eagle [args...]}
 shift
 PAIR=${PAIR:-/tmp/pair}
 OUT=${OUT:-./out}
+PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 case "$stage" in
   train)
-    timeout 570 python benchmarks/train_engine_pair.py --out "$PAIR" --device cuda \
+    timeout 570 "$PY" benchmarks/train_engine_pair.py --out "$PAIR" --device cuda \
       --scale h200 --time-budget 330 "$@" 2>&1 | tee "$OUT/train.log"
     cp -r "$PAIR/train_report.json" "$PAIR/prompts.json" "$OUT/" 2>/dev/null
     for m in target draft eagle; do mkdir -p "$OUT/$m"; cp "$PAIR/$m/config.json" "$OUT/$m/"; done
     du -sh "$PAIR"/* ;;
   draft_model)
-    timeout 590 python benchmarks/bench_engine.py --pair "$PAIR" --out "$PAIR/bench-draft_model.json" \
+    timeout 590 "$PY" benchmarks/bench_engine.py --pair "$PAIR" --out "$PAIR/bench-draft_model.json" \
       --families draft_model --max-seconds 560 "$@" 2>&1 | tee "$OUT/bench-draft_model.log"
     cp "$PAIR"/bench-draft_model.{json,md} "$OUT/" 2>/dev/null
     cp -r "$PAIR/bench-draft_model.work" "$OUT/" 2>/dev/null ;;
   eagle)
     base=()
     [ -f "$PAIR/bench-draft_model.json" ] && base=(--baseline "$PAIR/bench-draft_model.json")
-    timeout 590 python benchmarks/bench_engine.py --pair "$PAIR" --out "$PAIR/bench-eagle.json" \
+    timeout 590 "$PY" benchmarks/bench_engine.py --pair "$PAIR" --out "$PAIR/bench-eagle.json" \
       --families eagle "${base[@]}" --our-loop --max-seconds 560 "$@" 2>&1 | tee "$OUT/bench-eagle.log"
     cp "$PAIR"/bench-eagle.{json,md} "$OUT/" 2>/dev/null
     cp -r "$PAIR/bench-eagle.work" "$OUT/" 2>/dev/null ;;
