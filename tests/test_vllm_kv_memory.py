@@ -27,7 +27,7 @@ def specs():
 
 
 def config(window=256, method="draft_model", k=3, sinks=None, extra=None,
-           disable_hybrid=False, dcp=1):
+           disable_hybrid=False, dcp=1, max_len=4096, step_tokens=128):
     additional = {"draft_window_size": window} if window is not None else {}
     if sinks is not None:
         additional["draft_sink_size"] = sinks
@@ -35,7 +35,9 @@ def config(window=256, method="draft_model", k=3, sinks=None, extra=None,
     return SimpleNamespace(
         additional_config=additional,
         speculative_config=SimpleNamespace(method=method, num_speculative_tokens=k),
-        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable_hybrid),
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable_hybrid,
+                                         max_num_batched_tokens=step_tokens),
+        model_config=SimpleNamespace(max_model_len=max_len),
         parallel_config=SimpleNamespace(decode_context_parallel_size=dcp))
 
 
@@ -102,6 +104,19 @@ def test_draft_with_own_sliding_window_warns(caplog):
     with caplog.at_level(logging.WARNING, logger=kv_memory.__name__):
         assert kv_memory.bound_draft_kv_specs(config(), before, set(DRAFT)) is before
     assert "SlidingWindowSpec" in caplog.text
+
+
+@pytest.mark.parametrize("window,max_len,step,bounded", [
+    (2048, 1024, 128, False),   # the window covers max_model_len
+    (256, 4096, 4096, False),   # vLLM's in-flight reserve alone is max_model_len
+    (256, 4096, 3500, True),    # 253 - 1 + 3500 tokens: 118 + 1 blocks < 128
+    (256, 4096, 3800, False),   # 253 - 1 + 3800 tokens: 127 + 1 blocks >= 128
+])
+def test_bounded_only_when_it_saves(window, max_len, step, bounded):
+    out = kv_memory.bound_draft_kv_specs(config(window, max_len=max_len, step_tokens=step),
+                                         specs(), set(DRAFT))
+    assert kv_memory.LAST_DECISION["bounded"] is bounded
+    assert (type(out[DRAFT[0]]) is SlidingWindowSpec) is bounded
 
 
 def test_opt_out():

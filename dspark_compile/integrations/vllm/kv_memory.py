@@ -43,8 +43,10 @@ sliding window, chunked local attention); the drafter's layers cannot be told
 (no ``_draft_attn_layer_names``); the method's draft queries are not known to
 stay at or after the target's computed tokens (only ``draft_model``,
 ``eagle``, ``eagle3`` are bounded); the vLLM version is untested
-(``TESTED_VLLM``). ``additional_config["draft_window_kv_memory"] = False``
-turns it off.
+(``TESTED_VLLM``). Nothing is changed either (logged, no warning) when the
+sliding-window group would reserve no fewer blocks per request than full
+attention (``W - K`` plus vLLM's in-flight tokens >= ``max_model_len``).
+``additional_config["draft_window_kv_memory"] = False`` turns it off.
 """
 
 from __future__ import annotations
@@ -79,6 +81,15 @@ def _warn(reason: str, config: Any) -> None:
 
 def _scheduler(vllm_config: Any) -> Any:
     return getattr(vllm_config, "scheduler_config", None)
+
+
+def _max_in_flight_tokens(vllm_config: Any) -> Optional[int]:
+    """vLLM's ``VllmConfig.max_in_flight_tokens`` (0.26+), else max_num_batched_tokens."""
+    value = getattr(vllm_config, "max_in_flight_tokens", None)
+    if isinstance(value, int):
+        return value
+    value = getattr(_scheduler(vllm_config), "max_num_batched_tokens", None)
+    return value if isinstance(value, int) else None
 
 
 def draft_layer_names(runner: Any) -> Optional[set[str]]:
@@ -143,6 +154,18 @@ def bound_draft_kv_specs(vllm_config: Any, specs: dict[str, Any],
         return specs
     window = kv_spec.draft_sliding_window(config.draft_window_size,
                                           config.resolved_future_offset)
+    block = specs[present[0]].block_size
+    max_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
+    in_flight = _max_in_flight_tokens(vllm_config)
+    if max_len and in_flight is not None and kv_spec.sliding_blocks_per_request(
+            window, block, in_flight, max_len) >= kv_spec.full_blocks_per_request(block, max_len):
+        logger.info("dspark draft window: the draft's KV memory is not bounded: a "
+                    "sliding window of %d tokens (W - K) plus vLLM's %d in-flight tokens "
+                    "reserves no fewer blocks per request than max_model_len=%d", window,
+                    in_flight, max_len)
+        LAST_DECISION.clear()
+        LAST_DECISION.update(bounded=False, reason="no saving at this max_model_len")
+        return specs
     names = {f.name for f in dataclasses.fields(SlidingWindowSpec)}
     out: dict[str, Any] = {}
     for name in present:
