@@ -151,3 +151,28 @@ def test_install_wraps_the_runner_once():
         assert kv_memory.draft_layer_names(runner) == set(DRAFT)
     finally:
         wrapped.__wrapped__ = original
+
+
+def test_pass_warns_when_the_spec_hook_never_ran(caplog):
+    from dspark_compile import validation
+    from dspark_compile.config import DraftWindowConfig
+    from dspark_compile.integrations.vllm import inductor_pass
+
+    config = DraftWindowConfig(draft_window_size=64, method="draft_model",
+                               num_speculative_tokens=3)
+    saved = dict(kv_memory.LAST_DECISION)
+    kv_memory.LAST_DECISION.clear()
+    validation._WARNED.discard((inductor_pass.logger.name, "kv_spec_hook_missed"))
+    try:
+        with caplog.at_level(logging.WARNING, logger=inductor_pass.logger.name):
+            inductor_pass._warn_if_kv_spec_hook_missed(config)
+        assert "NOT bounded" in caplog.text and "did not run" in caplog.text
+        caplog.clear()
+        kv_memory.LAST_DECISION.update(bounded=True)
+        validation._WARNED.discard((inductor_pass.logger.name, "kv_spec_hook_missed"))
+        with caplog.at_level(logging.WARNING, logger=inductor_pass.logger.name):
+            inductor_pass._warn_if_kv_spec_hook_missed(config)
+        assert "NOT bounded" not in caplog.text
+    finally:
+        kv_memory.LAST_DECISION.clear()
+        kv_memory.LAST_DECISION.update(saved)
