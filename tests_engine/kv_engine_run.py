@@ -1,7 +1,7 @@
 """Run one vLLM engine for the draft KV-memory tier and write a JSON report.
 
 ``python kv_engine_run.py SPEC.json REPORT.json``. SPEC: ``target``, ``draft``
-(null: no speculation), ``window`` (null: none), ``bound`` (false: the window
+(null: no speculation), ``method`` (default ``draft_model``), ``tp`` (default 1), ``window`` (null: none), ``bound`` (false: the window
 with ``draft_window_kv_memory=False``), ``prefix_caching``,
 ``max_num_batched_tokens``, ``max_model_len``, ``num_gpu_blocks_override``
 (null: from VLLM_CPU_KVCACHE_SPACE), ``prompt_lens``, ``max_tokens``,
@@ -66,8 +66,12 @@ def main(spec_path: str, report_path: str) -> None:
     if spec.get("num_gpu_blocks_override"):
         kwargs["num_gpu_blocks_override"] = spec["num_gpu_blocks_override"]
     if spec.get("draft"):
-        kwargs["speculative_config"] = {"method": "draft_model", "model": spec["draft"],
+        kwargs["speculative_config"] = {"method": spec.get("method", "draft_model"),
+                                        "model": spec["draft"],
                                         "num_speculative_tokens": NUM_SPEC}
+    if spec.get("tp", 1) > 1:
+        kwargs["tensor_parallel_size"] = spec["tp"]
+        kwargs["distributed_executor_backend"] = "mp"
     if spec.get("window") is not None:
         kwargs["additional_config"] = {"draft_window_size": spec["window"]}
         if spec.get("bound") is False:
@@ -97,6 +101,11 @@ def main(spec_path: str, report_path: str) -> None:
     config = core.scheduler.kv_cache_config
     from dspark_compile.integrations.vllm import kv_memory
 
+    def decision() -> dict:
+        return dict(kv_memory.LAST_DECISION)
+
+    decisions = llm.collective_rpc(decision) if spec.get("tp", 1) > 1 else [decision()]
+
     report = {
         "spec": spec, "init_s": init_s, "total_s": time.time() - started,
         "rounds": rounds, "extra": extra,
@@ -109,7 +118,7 @@ def main(spec_path: str, report_path: str) -> None:
              "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None)}
             for g in config.kv_cache_groups],
         "metrics": metrics,
-        "kv_memory": dict(kv_memory.LAST_DECISION),
+        "kv_memory": decisions[0], "kv_memory_per_rank": decisions,
         "max_num_batched_tokens": llm.llm_engine.vllm_config.scheduler_config
         .max_num_batched_tokens,
     }
