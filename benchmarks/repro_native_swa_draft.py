@@ -25,11 +25,13 @@ The draft's sliding-window layers get ``SlidingWindowSpec``, the target's
 ``FullAttentionSpec``, so the hybrid KV-cache manager makes two KV-cache
 groups: group 0 the target's layers (they come first in the forward context),
 group 1 the draft's (``vllm/v1/core/kv_cache_utils.py``,
-``_get_kv_cache_groups_uniform_page_size``). Layers of different groups SHARE
-the same KV-cache tensors, each group addressing them through its own block
-table (``kv_cache_utils.py``: "Layers from different groups at the same
-``slot_idx`` share an underlying tensor (they have independent block tables
-so block-id namespaces never collide)").
+``_get_kv_cache_groups_uniform_page_size``, 0.32.0 line 1362 / 0.26.0 line
+1137: groups in order of first appearance). Layers of different groups SHARE
+the same KV-cache memory, each group addressing it through its own block
+table (``kv_cache_utils.py`` ``get_kv_cache_config_from_groups``, 0.32.0 line
+1631: "Groups alias from byte 0"; 0.26.0 lines 1264 and 1395-1420: "Layers
+from different groups at the same ``slot_idx`` share an underlying tensor
+(they have independent block tables so block-id namespaces never collide)").
 
 The model runner hands the drafter the common attention metadata (block
 table + slot mapping) of the drafter's own group only for some proposer
@@ -46,10 +48,11 @@ vllm 0.32.0 lines 2532-2545 / vllm 0.26.0 lines 2546-2559)::
         spec_decode_common_attn_metadata = cm      # group 0 for DraftModelProposer
 
 ``DraftModelProposer`` (``vllm/v1/spec_decode/draft_model.py``) derives from
-``SpecDecodeBaseProposer``, not ``EagleProposer``, although
-``SpecDecodeBaseProposer.initialize_attn_backend``
-(``vllm/v1/spec_decode/llm_base_proposer.py``) does find its group
-(``self.kv_cache_gid = 1``). The draft layer i then writes its K/V with the
+``SpecDecodeBaseProposer``, not ``EagleProposer`` (``draft_model.py`` line
+19), although ``SpecDecodeBaseProposer.initialize_attn_backend``
+(``vllm/v1/spec_decode/llm_base_proposer.py``, 0.32.0 line 1727 / 0.26.0
+line 1733) does find its group (``self.kv_cache_gid = 1``) and builds the
+draft layers' metadata with the group-1 builders from that common metadata. The draft layer i then writes its K/V with the
 target group's slot mapping into the tensor it shares with target layer i
 (CPU: ``vllm/v1/attention/backends/cpu_attn.py`` ``do_kv_cache_update``;
 CUDA: ``reshape_and_cache_flash``), overwriting the target's KV cache, and

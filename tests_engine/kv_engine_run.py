@@ -49,6 +49,13 @@ def build_target(path, max_positions: int = 4096) -> str:
     return str(path)
 
 
+def kv_decision(worker=None) -> dict:
+    """What ``kv_memory`` decided in this process (a worker, through collective_rpc)."""
+    from dspark_compile.integrations.vllm import kv_memory
+
+    return dict(kv_memory.LAST_DECISION)
+
+
 def main(spec_path: str, report_path: str) -> None:
     from vllm import LLM, SamplingParams
 
@@ -101,10 +108,8 @@ def main(spec_path: str, report_path: str) -> None:
     config = core.scheduler.kv_cache_config
     from dspark_compile.integrations.vllm import kv_memory
 
-    def decision() -> dict:
-        return dict(kv_memory.LAST_DECISION)
-
-    decisions = llm.collective_rpc(decision) if spec.get("tp", 1) > 1 else [decision()]
+    decisions = (llm.collective_rpc(kv_decision) if spec.get("tp", 1) > 1
+                 else [kv_decision()])
 
     report = {
         "spec": spec, "init_s": init_s, "total_s": time.time() - started,
