@@ -86,20 +86,29 @@ def run_variant(args: argparse.Namespace, variant: str, models: dict, out: Path)
                            SamplingParams(temperature=0, max_tokens=args.max_tokens,
                                           detokenize=False))
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+    cache = llm.llm_engine.vllm_config.cache_config
+    tokens = getattr(cache, "kv_cache_size_tokens", None)   # what vLLM logged
+    concurrency = getattr(cache, "kv_cache_max_concurrency", None)
+    num_blocks, groups = None, []
+    try:  # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
 
-    core = llm.llm_engine.engine_core.engine_core
-    config = core.scheduler.kv_cache_config
-    tokens, concurrency = get_kv_cache_capacity(llm.llm_engine.vllm_config, config)
+        config = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
+        if tokens is None:
+            tokens, concurrency = get_kv_cache_capacity(llm.llm_engine.vllm_config, config)
+        num_blocks = config.num_blocks
+        groups = [f"{type(g.kv_cache_spec).__name__}"
+                  f"(sw={getattr(g.kv_cache_spec, 'sliding_window', None)}, "
+                  f"{len(g.layer_names)} layers)" for g in config.kv_cache_groups]
+    except (AttributeError, ImportError) as error:
+        groups = [f"unknown ({error})"]
     out.write_text(json.dumps({
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "kv_cache_tokens": tokens, "max_concurrency": concurrency,
-        "num_blocks": config.num_blocks,
+        "kv_cache_tokens": tokens, "max_concurrency": concurrency or 0.0,
+        "num_blocks": num_blocks,
         "max_in_flight_tokens": getattr(llm.llm_engine.vllm_config, "max_in_flight_tokens",
                                         args.max_num_batched_tokens),
-        "groups": [f"{type(g.kv_cache_spec).__name__}"
-                   f"(sw={getattr(g.kv_cache_spec, 'sliding_window', None)}, "
-                   f"{len(g.layer_names)} layers)" for g in config.kv_cache_groups],
+        "groups": groups,
         "accepted": metrics.get("vllm:spec_decode_num_accepted_tokens"),
         "drafted": metrics.get("vllm:spec_decode_num_draft_tokens")}))
 
