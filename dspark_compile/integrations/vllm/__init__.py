@@ -25,11 +25,16 @@ logger = logging.getLogger(__name__)
 
 
 def register_plugin() -> None:
-    """``vllm.general_plugins`` entry point: registers the dspark ops in this process.
+    """``vllm.general_plugins`` entry point: registers the dspark ops in this process
+    and the draft KV-memory hook (``kv_memory.install``: the draft layers' KV-cache
+    spec when the window is on; nothing changes without a window).
 
     vLLM calls it in every process (engine core, workers) before models are
-    built; the import above already did the work, so calling it twice is fine.
+    built; calling it twice is fine.
     """
+    from dspark_compile.integrations.vllm import kv_memory
+
+    kv_memory.install()
     logger.debug("dspark vLLM plugin loaded: torch.ops.dspark.%s registered", OP_NAME)
 
 

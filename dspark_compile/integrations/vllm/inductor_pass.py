@@ -114,6 +114,8 @@ class DraftWindowInductorPass(InductorPass):
                 "current): cannot tell draft layers from target layers")
         _warn_if_attention_split_out(vllm_config)
         draft_graph = CompileContext(vllm_config, model_tag, "").is_draft_model
+        if draft_graph:
+            _warn_if_kv_spec_hook_missed(config)
         layers = _static_layers(vllm_config)
         max_num_seqs = _max_num_seqs(vllm_config)
         # Attention sinks: two more arguments, only when S > 0 (S = 0 emits the
@@ -239,6 +241,23 @@ def _check_backend(name: str, layer: Any) -> None:
             f"draft layer {name} uses attention backend {backend_name!r}: the draft window "
             f"supports {', '.join(SUPPORTED_BACKENDS)} (set speculative_config's "
             "attention_backend to one of them)")
+
+
+def _warn_if_kv_spec_hook_missed(config: DraftWindowConfig) -> None:
+    """The draft's KV-cache spec is decided before compilation (``kv_memory``); when
+    that hook never ran in this process (a model runner other than vLLM's v1
+    ``GPUModelRunner``, e.g. the V2 runner), say that the memory is not bounded."""
+    from dspark_compile.integrations.vllm import kv_memory
+
+    if kv_memory.LAST_DECISION:
+        return
+    warn_once(
+        logger, "kv_spec_hook_missed",
+        f"dspark draft window (draft_window_size={config.draft_window_size}): the draft's KV "
+        "memory is NOT bounded by the window: the KV-cache spec hook "
+        "(kv_memory, on GPUModelRunner.get_kv_cache_spec) did not run in this process "
+        "(another model runner?); vLLM keeps the draft's full KV cache (the output is "
+        "unaffected)")
 
 
 def _warn_if_attention_split_out(vllm_config: Any) -> None:
