@@ -627,7 +627,7 @@ def _count_kernels(fn) -> int:
 
 
 def section_e2e(res: Results, quick: bool) -> bool:
-    from dspark_compile.kernels.paged_attention import windowed_attention_ref
+    from dspark_compile.testing.oracles import windowed_attention_ref
 
     window, num_reqs, q_len, layers = C(2048), B(8), 16, 4
     hidden, inter = (64, 96) if SMOKE else (4096, 11008)

@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_study_parsers(commands) -> None:
     from dspark_compile.speculative.scales import SCALES
-    from dspark_compile.speculative.study import FAMILIES
+    from dspark_compile.speculative.checks import FAMILIES
 
     study = commands.add_parser(
         "study", help="acceptance (tau) and tokens/s vs context, with and without the window",
@@ -206,7 +206,7 @@ def run_study_report_command(args: argparse.Namespace) -> int:
     path = Path(args.study_json)
     if not path.is_file():
         raise UsageError(f"study_json={str(path)!r} is invalid: no such file")
-    from dspark_compile.speculative.study import goal_check
+    from dspark_compile.speculative.checks import goal_check
 
     out_dir = Path(args.out_dir) if args.out_dir else path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
