@@ -238,7 +238,8 @@ def section_correct(res: Results, quick: bool) -> bool:
     from dspark_compile.kernels.paged_attention import paged_attention_ref
     from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
     from dspark_compile.kernels.window_metadata import window_metadata_triton
-    from dspark_compile.window import compute_window, gather_window_block_table, max_window_blocks
+    from dspark_compile.arithmetic.window import (compute_window, gather_window_block_table,
+                                                  max_window_blocks)
 
     g = torch.Generator().manual_seed(1)
 
@@ -520,7 +521,7 @@ def section_bw(res: Results, copy_gbps: Optional[float], quick: bool) -> None:
 
 
 def section_meta(res: Results) -> None:
-    from dspark_compile.window import SlidingWindowAdapter
+    from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
 
     num_reqs, width, window = B(256), C(8192), C(2048)
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -556,7 +557,7 @@ def section_sinks(res: Results, sink_sizes: Sequence[int]) -> bool:
     """Windowed decode with attention sinks beside S = 0 (see the module docstring)."""
     from dspark_compile.kernels.paged_attention import paged_attention_ref
     from dspark_compile.kernels.window_metadata import window_metadata_triton
-    from dspark_compile.window import causal_window_metadata
+    from dspark_compile.arithmetic.window import causal_window_metadata
 
     window, batch_size = C(2048), B(32)
     contexts = [C(32768), C(131072)]

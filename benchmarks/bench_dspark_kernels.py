@@ -189,6 +189,7 @@ def parse_markov_launches(text: str) -> list[tuple[int, int, Optional[int], Opti
 
 
 def mla_inputs(args):
+    from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
     from dspark_compile.kernels import sparse_mla as ref
     from dspark_compile.models import make_paged_batch
 
@@ -204,8 +205,8 @@ def mla_inputs(args):
     index_args = (batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping,
                   args.block_size, args.window)
     noncausal = ref.noncausal_swa_indices_ref(*index_args,
-                                              ref.noncausal_width(args.window, args.q_len))
-    causal = ref.swa_indices_ref(*index_args, ref.causal_width(args.window))
+                                              noncausal_width(args.window, args.q_len))
+    causal = ref.swa_indices_ref(*index_args, causal_width(args.window))
     return query, kv_cache, {"non-causal": noncausal, "causal": causal}, lora
 
 

@@ -354,7 +354,7 @@ def _print_demo_table(title, columns, rows, contexts, row_ok, legend, ok_message
 def run_inspect_command(args: argparse.Namespace) -> int:
     from dspark_compile.inspection import inspect, reference_draft_example
 
-    from dspark_compile.backend import parse_options
+    from dspark_compile.options import parse_options
 
     options = {**_window_options(args), "lowering": args.lowering}
     parse_options(options)  # bad options fail before any work

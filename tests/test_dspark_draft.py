@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import dspark_compile
-from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref, noncausal_width
+from dspark_compile.arithmetic.index_width import noncausal_width
+from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref
 from dspark_compile.models import make_paged_batch
 from dspark_compile.models.dspark_draft import (DSparkDraftConfig, DSparkReferenceDraft,
                                                 random_latent_caches)

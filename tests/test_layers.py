@@ -15,10 +15,9 @@ LAYERS = {
     "models": 4,
     "passes": 5,
     "runtime": 6,
-    "window": 6,                       # compatibility module: arithmetic + runtime
     "options": 7, "backend": 7, "routes": 7, "integrations.vllm": 7,
     "tools": 8, "testing": 8, "inspection": 8, "demo": 8, "dspark_demo": 8, "cli": 8,
-    "__main__": 8, "integrations.depyf_dump": 8, "ascend": 8, "speculative": 8,
+    "__main__": 8, "integrations.depyf_dump": 8, "speculative": 8,
     "__init__": 9,
 }
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import dspark_compile
-from dspark_compile import window
+from dspark_compile.arithmetic import window
 from dspark_compile.kernels.paged_attention import paged_attention_ref
 from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache

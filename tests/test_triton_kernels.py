@@ -14,8 +14,9 @@ from dspark_compile.kernels.paged_attention_triton import (choose_launch, paged_
                                                            wave_fit_splits)
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
-from dspark_compile.window import (SlidingWindowAdapter, compute_window,
-                                   gather_window_block_table, max_window_blocks)
+from dspark_compile.arithmetic.window import (compute_window, gather_window_block_table,
+                                              max_window_blocks)
+from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark_compile.kernels.sparse_mla import WIDTH_RULE, check_index_args, check_sparse_mla_args
+from dspark_compile.arithmetic.index_width import WIDTH_RULE
+from dspark_compile.kernels.sparse_mla import check_index_args, check_sparse_mla_args
 
 INDEX_BLOCK = 128
 

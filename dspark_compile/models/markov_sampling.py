@@ -19,9 +19,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
-# The noise functions live with the reference sampler; re-exported for the old import path.
-from dspark_compile.kernels.markov_sampling import (  # noqa: F401
-    gumbel_from_bits, gumbel_noise, noise_bits, sample_with_bias)
+from dspark_compile.kernels.markov_sampling import sample_with_bias
 from dspark_compile.validation import check_int
 
 

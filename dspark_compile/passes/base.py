@@ -39,7 +39,3 @@ class GraphPass(CustomGraphPass):
             hasher.update(inspect.getsource(cls).encode())
         hasher.update(json.dumps(self.config(), sort_keys=True, default=str).encode())
         return hasher.hexdigest()
-
-
-DSparkPass = GraphPass
-"""Deprecated alias of ``GraphPass`` (the old name; see CHANGELOG.md)."""
