@@ -16,13 +16,13 @@ from dspark_compile.arithmetic import (
     window_seq_lens_and_block_table_packed, window_upper_bound, windowed_len_bound)
 from dspark_compile.backend import configured_backend, dspark_backend
 from dspark_compile.config import METHODS, DraftWindowConfig
-from dspark_compile.inspection import InspectionReport, inspect
 from dspark_compile.options import OptionError, valid_options
 from dspark_compile.passes import (
     AttentionOpSpec, PassRecord, PerTokenWindowArgs, attention_op_specs, clear_pass_records,
     pass_records, register_attention_op, unregister_attention_op)
 from dspark_compile.runtime import SlidingWindowAdapter, WindowedMetadata
 from dspark_compile.tools.ascend_check import AscendCheck, check_ascend
+from dspark_compile.tools.inspection import InspectionReport, inspect
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

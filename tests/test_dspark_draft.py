@@ -183,7 +183,7 @@ def test_compiled_dspark_on_cuda_equals_cpu_reference():
 
 
 def test_cli_demo_runs_the_dspark_draft(capsys):
-    from dspark_compile import cli
+    from dspark_compile.tools import cli
 
     assert cli.main(["demo", "--draft", "dspark", "--contexts", "80", "--window", "32",
                      "--requests", "2", "--lowering", "aot_eager"]) == 0

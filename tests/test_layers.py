@@ -16,8 +16,7 @@ LAYERS = {
     "passes": 5,
     "runtime": 6,
     "options": 7, "backend": 7, "routes": 7, "integrations.vllm": 7,
-    "tools": 8, "testing": 8, "inspection": 8, "demo": 8, "dspark_demo": 8, "cli": 8,
-    "__main__": 8, "integrations.depyf_dump": 8, "speculative": 8,
+    "tools": 8, "testing": 8, "__main__": 8, "integrations.depyf_dump": 8, "speculative": 8,
     "__init__": 9,
 }
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from dspark_compile import cli
+from dspark_compile.tools import cli
 from dspark_compile.speculative.corpus import is_held_out, load_corpus, random_windows
 from dspark_compile.speculative.lm import LMConfig, TransformerLM
 from dspark_compile.speculative.scales import SCALES

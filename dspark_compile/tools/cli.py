@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 PROG = "dspark-compile"
-BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_draft_window.py"
+BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_draft_window.py"
 
 
 class UsageError(Exception):
@@ -262,7 +262,7 @@ def _window_options(args: argparse.Namespace) -> dict:
 def run_demo_command(args: argparse.Namespace) -> int:
     import torch
 
-    from dspark_compile.demo import run_demo
+    from dspark_compile.tools.demo import run_demo
 
     try:
         device = torch.device(args.device)
@@ -302,7 +302,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 
 def run_dspark_demo_command(args: argparse.Namespace) -> int:
-    from dspark_compile.dspark_demo import run_dspark_demo
+    from dspark_compile.tools.dspark_demo import run_dspark_demo
 
     return _print_demo_table(
         title=(f"dspark-compile demo: DSpark reference draft (2 sparse-MLA layers, 8 heads, "
@@ -352,7 +352,7 @@ def _print_demo_table(title, columns, rows, contexts, row_ok, legend, ok_message
 
 
 def run_inspect_command(args: argparse.Namespace) -> int:
-    from dspark_compile.inspection import inspect, reference_draft_example
+    from dspark_compile.tools.inspection import inspect, reference_draft_example
 
     from dspark_compile.options import parse_options
 
@@ -386,7 +386,7 @@ def run_inspect_command(args: argparse.Namespace) -> int:
 
 def run_check_ascend_command(args: argparse.Namespace) -> int:
     from dspark_compile.tools.ascend_check import check_ascend
-    from dspark_compile.inspection import reference_draft_example
+    from dspark_compile.tools.inspection import reference_draft_example
 
     options = _window_options(args)
     progress = TextProgress(1, "check-ascend")
