@@ -137,7 +137,8 @@ class Paged:
     random (garbage) block ids, as in a real runner."""
 
     def __init__(self, seq_lens: Sequence[int], q_lens: Sequence[int], width: Optional[int] = None,
-                 pool_blocks: Optional[int] = None, seed: int = 0, device: Optional[str] = None) -> None:
+                 pool_blocks: Optional[int] = None, seed: int = 0,
+                 device: Optional[str] = None) -> None:
         device = device or DEV
         gen = torch.Generator(device=device).manual_seed(seed)
         need = [-(-s // BLOCK) for s in seq_lens]
@@ -161,7 +162,7 @@ class Paged:
         self.num_tokens = locs[-1]
         self.device = device
 
-    def with_seq_lens(self, seq_lens: Sequence[int]) -> "Paged":
+    def with_seq_lens(self, seq_lens: Sequence[int]) -> Paged:
         """Same table and query layout, new lengths (must fit the request's blocks)."""
         other = object.__new__(Paged)
         other.__dict__.update(self.__dict__)

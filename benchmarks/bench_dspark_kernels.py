@@ -463,7 +463,7 @@ def section_graph() -> None:
         "2 layers, 16 heads, 512+64 latent (fp32), 4 requests x 8 tokens, W=512, b=64; "
         "captured once with `torch.cuda.graph`, replayed with seq_lens "
         f"{steps}: max abs error vs the CPU reference (output and written caches) "
-        f"{['%.1e' % e for e in errors]} -> {'OK' if ok else 'BAD'}.\n")
+        f"{[f'{e:.1e}' for e in errors]} -> {'OK' if ok else 'BAD'}.\n")
 
 
 def _warm_one(item) -> str:
@@ -494,7 +494,8 @@ def prewarm(args, workers: int) -> None:
     import concurrent.futures
     import multiprocessing
 
-    items = [("per-token", None)] + [("grouped", cfg) for cfg in parse_mla_configs(args.mla_configs)]
+    items = [("per-token", None)] + [("grouped", cfg)
+                                     for cfg in parse_mla_configs(args.mla_configs)]
     begin = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
@@ -519,7 +520,8 @@ def main(argv=None) -> int:
                              "(splits 0: auto; scan_block default 2048; the default is the "
                              "op's own launch, GroupedMLAConfig())")
     parser.add_argument("--markov-launches", default="2048,8",
-                        help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program[,stages]];...' "
+                        help="fused sampler launches "
+                             "'BLOCK_V,warps[,blocks_per_program[,stages]];...' "
                              "(the kernel's default: 2048,8 with 16 blocks per program "
                              "when sampling, 8 when greedy)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")

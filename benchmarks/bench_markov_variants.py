@@ -9,7 +9,8 @@ Size: 64 requests x 8 steps, V = 129280, head rank 256, bf16, ``torch.randn`` lo
 median with L2 flushed: the reference under ``torch.compile(mode="reduce-overhead")``;
 the Markov head alone (8 x embedding + GEMM); then, for each launch of this checkout's
 ``markov_sampling_triton.py`` and, for each ``--baseline`` (repeatable), the default
-launch of another version of it (e.g. ``git show REV:dspark_compile/kernels/markov_sampling_triton.py``):
+launch of another version of it
+(e.g. ``git show REV:dspark_compile/kernels/markov_sampling_triton.py``):
 the fused sampler (head included), its sampling kernels alone at T=1 (a head that returns
 a fixed bias) and greedy alone (T=0). Every fused row's tokens are first compared with
 ``sample_sequential`` for bit equality (T=1 and mixed temperatures). Then each

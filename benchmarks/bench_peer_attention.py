@@ -1,6 +1,7 @@
 """Paged draft attention against what a user would pick instead, on one GPU, same run.
 
-    python benchmarks/bench_peer_attention.py [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
+    python benchmarks/bench_peer_attention.py \
+        [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
         [--window 2048] [--out DIR] [--configs "default;ppsm=4;bn=32,stages=4;..."]
         [--flush write|read] [--layers 4]
 
@@ -41,10 +42,11 @@ as the op runs) or comma-separated ``key=value`` overrides of
 ``paged_attention_triton``'s launch knobs (``CONFIG_KEYS``: splits, bn, warps,
 stages, ppsm = the earlier split rule's programs per SM, res = resident programs
 per SM for the wave-filling split rule, min_tokens = least tokens per split,
-exact = one tile per decode token, heads = KV head as the fastest grid axis). Every candidate is first checked against the torch
-reference (``paged_attention_ref``, fp32) on the full table, the windowed table and
-the full table with the in-kernel window; one that misses (rel. err > 1e-2) or
-fails is reported and not timed. List ``default`` twice to see the run's spread.
+exact = one tile per decode token, heads = KV head as the fastest grid axis). Every
+candidate is first checked against the torch reference (``paged_attention_ref``, fp32)
+on the full table, the windowed table and the full table with the in-kernel window; one
+that misses (rel. err > 1e-2) or fails is reported and not timed. List ``default`` twice
+to see the run's spread.
 """
 
 from __future__ import annotations

@@ -139,7 +139,8 @@ def test_compiled_dspark_on_cuda_equals_cpu_reference():
     model, batch, caches, hidden = make_dspark_case([300, 3, 0, 77], [6, 3, 0, 6], block_size=16,
                                                     seed=6)
     # W=120, T=15: non-causal width 256, the model's causal width 128.
-    want, want_caches = run_dspark_eager(model, batch, hidden, caches, _noncausal(120, batch.num_tokens))
+    want, want_caches = run_dspark_eager(model, batch, hidden, caches,
+                                         _noncausal(120, batch.num_tokens))
     cuda_model = model.to("cuda")
     fields = ("block_table", "seq_lens", "query_start_loc", "slot_mapping", "positions")
     for name in fields:

@@ -15,7 +15,7 @@ draft tokens through the Markov head (``dspark.markov_head_sample``, or
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -155,7 +155,7 @@ class DSparkReferenceDraft(nn.Module):
         return torch.where(sample_index >= 0, tokens, torch.full_like(tokens, -1))
 
 
-def _low_rank_factors(markov_head: nn.Module) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def _low_rank_factors(markov_head: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """``markov_head.low_rank_factors()``, or None where the head has no such method or
     it raises ``ValueError`` (the head's bias is not ``embed[prev] @ weight^T``)."""
     factors = getattr(markov_head, "low_rank_factors", None)

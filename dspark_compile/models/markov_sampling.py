@@ -14,7 +14,7 @@ number of steps, no host synchronisation, capturable in a CUDA graph.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -43,7 +43,7 @@ class DSparkMarkovHead(nn.Module):
     def forward(self, prev_tokens: torch.Tensor) -> torch.Tensor:
         return self.bias(self.embed(prev_tokens))
 
-    def low_rank_factors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def low_rank_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(embed [V, r], weight [V, r])``, detached, with ``forward(prev) ==
         F.linear(embed[prev], weight)``: for kernels that compute the bias themselves.
         ``ValueError`` where ``forward`` is not that (a subclass's own ``forward``,

@@ -11,6 +11,7 @@ from dspark_compile.passes.manager import PassManager, PassRecord, clear_pass_re
 
 __all__ = [
     "AttentionOpSpec", "DraftWindowPass", "GraphPass", "PassManager", "PassRecord",
-    "PerTokenWindowArgs", "attention_op_specs", "clear_pass_records", "pass_records", "register_attention_op",
+    "PerTokenWindowArgs", "attention_op_specs", "clear_pass_records", "pass_records",
+    "register_attention_op",
     "unregister_attention_op", "DSparkNonCausalIndexPass", "stats",
 ]

@@ -23,12 +23,12 @@ import torch
 
 from dspark_compile.speculative.checks import FAMILIES, goal_check
 from dspark_compile.speculative.corpus import Corpus, load_corpus, random_windows
-from dspark_compile.speculative.lm import LMConfig, TransformerLM
+from dspark_compile.speculative.lm import TransformerLM
 from dspark_compile.speculative.loop import (
     SpecResult, SpeculativeDecoder, compile_draft, target_greedy_decode)
 from dspark_compile.speculative.report import write_reports
 from dspark_compile.speculative.scales import StudyScale
-from dspark_compile.speculative.training import TrainSpec, eval_loss, tie_eagle_to_target, train_lm
+from dspark_compile.speculative.training import eval_loss, tie_eagle_to_target, train_lm
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ def train_pair(scale: StudyScale, corpus: Corpus, device: torch.device,
 
     record = {}
     target = TransformerLM(scale.target, seed=0).to(device)
-    record["target"] = train_lm(target, corpus.train, scale.target_train, progress=bar("train target"),
+    record["target"] = train_lm(target, corpus.train, scale.target_train,
+                                progress=bar("train target"),
                                 time_budget_s=time_budget_s)
     target.requires_grad_(False)
     draft = TransformerLM(scale.draft, seed=1).to(device)
@@ -212,7 +213,8 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
             outs.append(tokens)
             rates.append(rate)
         reference[c] = outs
-        study["baseline"].append({"context": c, "target_only_tokens_per_s": sum(rates) / len(rates)})
+        study["baseline"].append({"context": c,
+                                  "target_only_tokens_per_s": sum(rates) / len(rates)})
     save()
 
     max_len = max(scale.contexts) + scale.new_tokens + 2 * k + 2
