@@ -33,11 +33,9 @@ sinks     windowed decode with attention sinks (``--sink-size``, tokens; default
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
-import platform
 import re
 import sys
 import time
@@ -109,14 +107,11 @@ class Results:
 
 
 def _environment() -> dict:
-    import triton
+    from dspark_compile.tools.provenance import provenance
 
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    return {**provenance(),
             "sms": (torch.cuda.get_device_properties(0).multi_processor_count
-                    if torch.cuda.is_available() else None),
-            "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version()}
+                    if torch.cuda.is_available() else None)}
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:

@@ -35,10 +35,8 @@ repetition by writing 256 MB), CUDA-graph replays where marked.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 from typing import Callable, Optional
@@ -537,11 +535,9 @@ def main(argv=None) -> int:
 
     # The launcher logs when a shape does not fit and a smaller one runs instead.
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
-    RESULTS["environment"] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": triton.__version__, "python": platform.python_version(),
-        "config": vars(args)}
+    from dspark_compile.tools.provenance import provenance
+
+    RESULTS["environment"] = {**provenance(), "config": vars(args)}
     sections = args.sections.split(",")
     if args.prewarm and "mla" in sections:
         prewarm(args, args.prewarm)

@@ -79,7 +79,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_markov_variants.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
 
     from dspark_compile.kernels import markov_head_sampling_triton as in_kernel
     from dspark_compile.kernels import markov_sampling_triton as current
@@ -96,8 +95,9 @@ def main(argv=None) -> int:
     ones = torch.ones(reqs, device="cuda")
     mixed = torch.where(torch.arange(reqs, device="cuda") % 3 == 0, 0.0, 0.8)
     fixed = FixedBias(head(anchors).detach())
-    results = {"torch": torch.__version__, "triton": triton.__version__,
-               "device": torch.cuda.get_device_name(), "baseline": args.baseline, "rows": []}
+    from dspark_compile.tools.provenance import provenance
+
+    results = {**provenance(), "baseline": args.baseline, "rows": []}
 
     def record(name: str, us: float, **extra) -> None:
         log(f"{name:72s} {us:8.1f} us {extra or ''}")

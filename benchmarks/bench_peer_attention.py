@@ -52,10 +52,8 @@ to see the run's spread.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 
@@ -435,13 +433,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
 
     import dspark_compile  # noqa: F401
 
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "python": platform.python_version()}
+    from dspark_compile.tools.provenance import provenance
+
+    env = provenance()
     env["flush"] = args.flush
     env["layers"] = args.layers
     env["empty_graph_us"] = empty_graph_us()
