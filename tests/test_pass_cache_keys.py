@@ -21,7 +21,7 @@ from dspark_compile.passes import DraftWindowPass, DSparkNonCausalIndexPass
 config = DraftWindowConfig(draft_window_size=64, method="dspark")
 uuids = {"draft_window": DraftWindowPass(config).uuid(),
          "dspark_noncausal": DSparkNonCausalIndexPass(config).uuid()}
-if {vllm}:
+if VLLM:
     from dspark_compile.integrations.vllm import DraftWindowInductorPass
     uuids["vllm"] = DraftWindowInductorPass(draft_window_size=64, method="dflash").uuid()
 print(json.dumps(uuids))
@@ -30,8 +30,9 @@ print(json.dumps(uuids))
 
 def _uuids(root: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    result = subprocess.run([sys.executable, "-c", UUIDS.format(vllm=HAS_VLLM)], cwd=root,
-                            env=env, capture_output=True, text=True, check=True)
+    script = UUIDS.replace("VLLM", str(HAS_VLLM))
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, env=env,
+                            capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -76,7 +77,8 @@ def test_editing_a_helper_changes_every_uuid(tmp_path, original, relative, old, 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (the [vllm] extra)")
 def test_editing_the_vllm_integration_changes_only_the_vllm_uuid(tmp_path, original):
     root = _copy(tmp_path, "edited")
-    _edit(root, "integrations/vllm/config.py", "\n\n", "\n\n# edited\n")
+    path = root / "dspark_compile" / "integrations" / "vllm" / "config.py"
+    path.write_text(path.read_text() + "\n# edited\n")
     edited = _uuids(root)
     assert edited["vllm"] != original["vllm"]
     assert {k: v for k, v in edited.items() if k != "vllm"} == \
