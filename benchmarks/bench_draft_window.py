@@ -33,11 +33,9 @@ sinks     windowed decode with attention sinks (``--sink-size``, tokens; default
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
-import platform
 import re
 import sys
 import time
@@ -109,14 +107,11 @@ class Results:
 
 
 def _environment() -> dict:
-    import triton
+    from dspark_compile.tools.provenance import provenance
 
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    return {**provenance(),
             "sms": (torch.cuda.get_device_properties(0).multi_processor_count
-                    if torch.cuda.is_available() else None),
-            "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version()}
+                    if torch.cuda.is_available() else None)}
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
@@ -137,7 +132,8 @@ class Paged:
     random (garbage) block ids, as in a real runner."""
 
     def __init__(self, seq_lens: Sequence[int], q_lens: Sequence[int], width: Optional[int] = None,
-                 pool_blocks: Optional[int] = None, seed: int = 0, device: Optional[str] = None) -> None:
+                 pool_blocks: Optional[int] = None, seed: int = 0,
+                 device: Optional[str] = None) -> None:
         device = device or DEV
         gen = torch.Generator(device=device).manual_seed(seed)
         need = [-(-s // BLOCK) for s in seq_lens]
@@ -161,7 +157,7 @@ class Paged:
         self.num_tokens = locs[-1]
         self.device = device
 
-    def with_seq_lens(self, seq_lens: Sequence[int]) -> "Paged":
+    def with_seq_lens(self, seq_lens: Sequence[int]) -> Paged:
         """Same table and query layout, new lengths (must fit the request's blocks)."""
         other = object.__new__(Paged)
         other.__dict__.update(self.__dict__)
@@ -238,7 +234,8 @@ def section_correct(res: Results, quick: bool) -> bool:
     from dspark_compile.kernels.paged_attention import paged_attention_ref
     from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
     from dspark_compile.kernels.window_metadata import window_metadata_triton
-    from dspark_compile.window import compute_window, gather_window_block_table, max_window_blocks
+    from dspark_compile.arithmetic.window import (compute_window, gather_window_block_table,
+                                                  max_window_blocks)
 
     g = torch.Generator().manual_seed(1)
 
@@ -520,7 +517,7 @@ def section_bw(res: Results, copy_gbps: Optional[float], quick: bool) -> None:
 
 
 def section_meta(res: Results) -> None:
-    from dspark_compile.window import SlidingWindowAdapter
+    from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
 
     num_reqs, width, window = B(256), C(8192), C(2048)
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -556,7 +553,7 @@ def section_sinks(res: Results, sink_sizes: Sequence[int]) -> bool:
     """Windowed decode with attention sinks beside S = 0 (see the module docstring)."""
     from dspark_compile.kernels.paged_attention import paged_attention_ref
     from dspark_compile.kernels.window_metadata import window_metadata_triton
-    from dspark_compile.window import causal_window_metadata
+    from dspark_compile.arithmetic.window import causal_window_metadata
 
     window, batch_size = C(2048), B(32)
     contexts = [C(32768), C(131072)]
@@ -627,7 +624,7 @@ def _count_kernels(fn) -> int:
 
 
 def section_e2e(res: Results, quick: bool) -> bool:
-    from dspark_compile.kernels.paged_attention import windowed_attention_ref
+    from dspark_compile.testing.oracles import windowed_attention_ref
 
     window, num_reqs, q_len, layers = C(2048), B(8), 16, 4
     hidden, inter = (64, 96) if SMOKE else (4096, 11008)

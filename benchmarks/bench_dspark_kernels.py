@@ -35,10 +35,8 @@ repetition by writing 256 MB), CUDA-graph replays where marked.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 from typing import Callable, Optional
@@ -189,6 +187,7 @@ def parse_markov_launches(text: str) -> list[tuple[int, int, Optional[int], Opti
 
 
 def mla_inputs(args):
+    from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
     from dspark_compile.kernels import sparse_mla as ref
     from dspark_compile.models import make_paged_batch
 
@@ -204,8 +203,8 @@ def mla_inputs(args):
     index_args = (batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping,
                   args.block_size, args.window)
     noncausal = ref.noncausal_swa_indices_ref(*index_args,
-                                              ref.noncausal_width(args.window, args.q_len))
-    causal = ref.swa_indices_ref(*index_args, ref.causal_width(args.window))
+                                              noncausal_width(args.window, args.q_len))
+    causal = ref.swa_indices_ref(*index_args, causal_width(args.window))
     return query, kv_cache, {"non-causal": noncausal, "causal": causal}, lora
 
 
@@ -462,7 +461,7 @@ def section_graph() -> None:
         "2 layers, 16 heads, 512+64 latent (fp32), 4 requests x 8 tokens, W=512, b=64; "
         "captured once with `torch.cuda.graph`, replayed with seq_lens "
         f"{steps}: max abs error vs the CPU reference (output and written caches) "
-        f"{['%.1e' % e for e in errors]} -> {'OK' if ok else 'BAD'}.\n")
+        f"{[f'{e:.1e}' for e in errors]} -> {'OK' if ok else 'BAD'}.\n")
 
 
 def _warm_one(item) -> str:
@@ -493,7 +492,8 @@ def prewarm(args, workers: int) -> None:
     import concurrent.futures
     import multiprocessing
 
-    items = [("per-token", None)] + [("grouped", cfg) for cfg in parse_mla_configs(args.mla_configs)]
+    items = [("per-token", None)] + [("grouped", cfg)
+                                     for cfg in parse_mla_configs(args.mla_configs)]
     begin = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
@@ -518,7 +518,8 @@ def main(argv=None) -> int:
                              "(splits 0: auto; scan_block default 2048; the default is the "
                              "op's own launch, GroupedMLAConfig())")
     parser.add_argument("--markov-launches", default="2048,8",
-                        help="fused sampler launches 'BLOCK_V,warps[,blocks_per_program[,stages]];...' "
+                        help="fused sampler launches "
+                             "'BLOCK_V,warps[,blocks_per_program[,stages]];...' "
                              "(the kernel's default: 2048,8 with 16 blocks per program "
                              "when sampling, 8 when greedy)")
     parser.add_argument("--ceiling-GBps", type=float, help="skip 'ceiling', use this")
@@ -534,11 +535,9 @@ def main(argv=None) -> int:
 
     # The launcher logs when a shape does not fit and a smaller one runs instead.
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
-    RESULTS["environment"] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": triton.__version__, "python": platform.python_version(),
-        "config": vars(args)}
+    from dspark_compile.tools.provenance import provenance
+
+    RESULTS["environment"] = {**provenance(), "config": vars(args)}
     sections = args.sections.split(",")
     if args.prewarm and "mla" in sections:
         prewarm(args, args.prewarm)

@@ -9,7 +9,8 @@ Size: 64 requests x 8 steps, V = 129280, head rank 256, bf16, ``torch.randn`` lo
 median with L2 flushed: the reference under ``torch.compile(mode="reduce-overhead")``;
 the Markov head alone (8 x embedding + GEMM); then, for each launch of this checkout's
 ``markov_sampling_triton.py`` and, for each ``--baseline`` (repeatable), the default
-launch of another version of it (e.g. ``git show REV:dspark_compile/kernels/markov_sampling_triton.py``):
+launch of another version of it
+(e.g. ``git show REV:dspark_compile/kernels/markov_sampling_triton.py``):
 the fused sampler (head included), its sampling kernels alone at T=1 (a head that returns
 a fixed bias) and greedy alone (T=0). Every fused row's tokens are first compared with
 ``sample_sequential`` for bit equality (T=1 and mixed temperatures). Then each
@@ -78,7 +79,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_markov_variants.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
 
     from dspark_compile.kernels import markov_head_sampling_triton as in_kernel
     from dspark_compile.kernels import markov_sampling_triton as current
@@ -95,8 +95,9 @@ def main(argv=None) -> int:
     ones = torch.ones(reqs, device="cuda")
     mixed = torch.where(torch.arange(reqs, device="cuda") % 3 == 0, 0.0, 0.8)
     fixed = FixedBias(head(anchors).detach())
-    results = {"torch": torch.__version__, "triton": triton.__version__,
-               "device": torch.cuda.get_device_name(), "baseline": args.baseline, "rows": []}
+    from dspark_compile.tools.provenance import provenance
+
+    results = {**provenance(), "baseline": args.baseline, "rows": []}
 
     def record(name: str, us: float, **extra) -> None:
         log(f"{name:72s} {us:8.1f} us {extra or ''}")

@@ -302,9 +302,9 @@ def main(argv=None) -> int:
     # every request's rows point at request 0's slots: 2056 rows, 2.4 MB, stays in L2
     resident = rows[:size.q_len].repeat(size.requests, 1)
     row_bytes = (lora + 64) * kv_cache.element_size()
-    results = {"torch": torch.__version__, "triton": triton.__version__,
-               "device": torch.cuda.get_device_name(), "read_ceiling_GBps": ceiling,
-               "rows": []}
+    from dspark_compile.tools.provenance import provenance
+
+    results = {**provenance(), "read_ceiling_GBps": ceiling, "rows": []}
     kv = kv_cache.reshape(-1, kv_cache.shape[-1])
     # the read ceiling's kernel on a contiguous buffer of the op's distinct KV bytes: what a
     # plain stream of this size takes (launch, ramp-up and tail included)

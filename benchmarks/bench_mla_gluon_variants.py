@@ -65,8 +65,9 @@ def main(argv=None) -> int:
         old = load_module_file(args.baseline, "gluon_baseline")
         variants["baseline file, its default launch"] = lambda idx: old._launch(
             query, kv_cache, idx, scale)
-    results = {"torch": torch.__version__, "triton": triton.__version__,
-               "device": torch.cuda.get_device_name(), "baseline": args.baseline, "rows": []}
+    from dspark_compile.tools.provenance import provenance
+
+    results = {**provenance(), "baseline": args.baseline, "rows": []}
     for rows, idx in index_sets.items():
         want = ref.sparse_mla_attention_ref(query, kv_cache, idx, scale, lora)
         for name, fn in variants.items():

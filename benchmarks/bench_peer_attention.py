@@ -1,6 +1,7 @@
 """Paged draft attention against what a user would pick instead, on one GPU, same run.
 
-    python benchmarks/bench_peer_attention.py [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
+    python benchmarks/bench_peer_attention.py \
+        [--cases 32x32768x1,32x131072x1,1x32768x1,32x131072x16]
         [--window 2048] [--out DIR] [--configs "default;ppsm=4;bn=32,stages=4;..."]
         [--flush write|read] [--layers 4]
 
@@ -41,19 +42,18 @@ as the op runs) or comma-separated ``key=value`` overrides of
 ``paged_attention_triton``'s launch knobs (``CONFIG_KEYS``: splits, bn, warps,
 stages, ppsm = the earlier split rule's programs per SM, res = resident programs
 per SM for the wave-filling split rule, min_tokens = least tokens per split,
-exact = one tile per decode token, heads = KV head as the fastest grid axis). Every candidate is first checked against the torch
-reference (``paged_attention_ref``, fp32) on the full table, the windowed table and
-the full table with the in-kernel window; one that misses (rel. err > 1e-2) or
-fails is reported and not timed. List ``default`` twice to see the run's spread.
+exact = one tile per decode token, heads = KV head as the fastest grid axis). Every
+candidate is first checked against the torch reference (``paged_attention_ref``, fp32)
+on the full table, the windowed table and the full table with the in-kernel window; one
+that misses (rel. err > 1e-2) or fails is reported and not timed. List ``default`` twice
+to see the run's spread.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 
@@ -433,13 +433,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
 
     import dspark_compile  # noqa: F401
 
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "python": platform.python_version()}
+    from dspark_compile.tools.provenance import provenance
+
+    env = provenance()
     env["flush"] = args.flush
     env["layers"] = args.layers
     env["empty_graph_us"] = empty_graph_us()

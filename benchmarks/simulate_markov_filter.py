@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dspark_compile.kernels.markov_sampling_triton import (MAX_CANDIDATES,  # noqa: E402
                                                            UPPER_ABS_SLACK)
-from dspark_compile.models.markov_sampling import (gumbel_from_bits,  # noqa: E402
-                                                   noise_bits)
+from dspark_compile.kernels.markov_sampling import (gumbel_from_bits,  # noqa: E402
+                                                    noise_bits)
 
 _LN2 = 0.6931471805599453
 

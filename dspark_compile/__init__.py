@@ -6,7 +6,6 @@
 for the DSpark non-causal block form (docs/design.md, "DSpark indices").
 """
 
-import importlib
 import logging
 
 from dspark_compile import ops  # noqa: F401  (registers torch.ops.dspark.*)
@@ -17,13 +16,13 @@ from dspark_compile.arithmetic import (
     window_seq_lens_and_block_table_packed, window_upper_bound, windowed_len_bound)
 from dspark_compile.backend import configured_backend, dspark_backend
 from dspark_compile.config import METHODS, DraftWindowConfig
-from dspark_compile.inspection import InspectionReport, inspect
 from dspark_compile.options import OptionError, valid_options
 from dspark_compile.passes import (
     AttentionOpSpec, PassRecord, PerTokenWindowArgs, attention_op_specs, clear_pass_records,
     pass_records, register_attention_op, unregister_attention_op)
 from dspark_compile.runtime import SlidingWindowAdapter, WindowedMetadata
 from dspark_compile.tools.ascend_check import AscendCheck, check_ascend
+from dspark_compile.tools.inspection import InspectionReport, inspect
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -46,21 +45,3 @@ __all__ = [
     # tools
     "AscendCheck", "InspectionReport", "check_ascend", "inspect",
 ]
-
-# Names the package exported before 0.2 that now live in their own modules; still
-# importable from here (see CHANGELOG.md).
-_MOVED = {
-    "DraftWindowPass": "dspark_compile.passes",
-    "DSparkNonCausalIndexPass": "dspark_compile.passes",
-    "PassManager": "dspark_compile.passes",
-    "DSparkMarkovHead": "dspark_compile.models",
-    "block_sample_indices": "dspark_compile.models",
-    "gumbel_noise": "dspark_compile.models",
-    "sample_sequential": "dspark_compile.models",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 import sys
 
-from dspark_compile.cli import main
+from dspark_compile.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

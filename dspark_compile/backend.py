@@ -20,8 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from dspark_compile.config import DraftWindowConfig
-from dspark_compile.options import (  # noqa: F401  (BACKEND_OPTIONS, LOWERINGS: old path)
-    BACKEND_OPTIONS, LOWERINGS, parse_options, valid_options)
+from dspark_compile.options import parse_options
 from dspark_compile.passes.base import GraphPass
 from dspark_compile.passes.draft_window import DraftWindowPass
 from dspark_compile.passes.dspark_noncausal import DSparkNonCausalIndexPass

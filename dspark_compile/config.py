@@ -113,7 +113,7 @@ class DraftWindowConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> "DraftWindowConfig":
+    def from_mapping(cls, options: Mapping[str, Any]) -> DraftWindowConfig:
         """Build from a dict; unknown keys raise ``ValueError`` listing the valid ones."""
         unknown = sorted(set(options) - set(cls.field_names()), key=str)
         if unknown:

@@ -32,7 +32,7 @@ LOWERINGS = ("inductor", "aot_eager")
 BACKEND_OPTIONS = ("lowering", "mode", "inductor_config", "torchair_mode")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _option_error_base() -> tuple[type, ...]:
     # Dynamo re-raises backend exceptions deriving from ShortenTraceback as they are
     # (others become BackendCompilerFailed); without it, a plain ValueError.

@@ -5,12 +5,12 @@
 Builds the reference DFlash-style draft (random weights, paged KV cache),
 compiles it with ``backend="dspark"`` with and without the window, and prints
 agreement with eager references plus the time per draft step. Same as
-``dspark-compile demo`` (``dspark_compile/cli.py`` prints the table).
+``dspark-compile demo`` (``dspark_compile/tools/cli.py`` prints the table).
 """
 
 import sys
 
-from dspark_compile.cli import main as cli_main
+from dspark_compile.tools.cli import main as cli_main
 
 
 def main(argv=None) -> int:

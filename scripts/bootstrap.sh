@@ -6,13 +6,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 extras="${1:-}"
 venv="$root/.venv"
-python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-if [ ! -x "$venv/bin/python" ]; then
-  echo "[bootstrap] creating $venv with $("$python" --version)"
-  "$python" -m venv "$venv"
-fi
-key="$(cat "$root/pyproject.toml" "$root/requirements/constraints.txt" | sha256sum | cut -c1-16)"
-stamp="$venv/.dspark-installed-${extras:-core}-$key"
+# shellcheck source=scripts/_venv.sh
+source "$root/scripts/_venv.sh"
+ensure_venv bootstrap "$venv"
+stamp="$(install_stamp "$venv" "${extras:-core}" "$root/pyproject.toml" \
+  "$root/requirements/constraints.txt")"
 if [ ! -f "$stamp" ]; then
   spec="$root"
   [ -n "$extras" ] && spec="$root[$extras]"

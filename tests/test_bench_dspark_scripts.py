@@ -258,7 +258,7 @@ def test_filter_simulation_bound_holds_on_every_noise_input():
     """The simulation's float32 ``gumbel_upper`` (the kernel's formula) against the
     reference noise of ``gumbel_noise`` on all 2**23 inputs: never below it, and within
     0.07 of it where the noise is above 4 (as ``gumbel_upper_error`` finds in-kernel)."""
-    from dspark_compile.models.markov_sampling import gumbel_from_bits
+    from dspark_compile.kernels.markov_sampling import gumbel_from_bits
 
     sim = _load("simulate_markov_filter")
     bits = torch.arange(1 << 23, dtype=torch.int64) << 9

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_compile import cli
+from dspark_compile.tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,10 +110,10 @@ def test_demo_counts_the_rewrites_also_when_inductor_caches_hit(tmp_path):
     import subprocess
     import sys
 
-    script = ("from dspark_compile.demo import run_demo\n"
+    script = ("from dspark_compile.tools.demo import run_demo\n"
               "[row] = run_demo(context_lens=(80,), window_size=32, num_requests=2, repeats=1)\n"
               "print(row.rewritten_calls, row.window_computations)\n"
-              "from dspark_compile.dspark_demo import run_dspark_demo\n"
+              "from dspark_compile.tools.dspark_demo import run_dspark_demo\n"
               "[row] = run_dspark_demo(context_lens=(80,), window_size=32, num_requests=2,\n"
               "                        repeats=1)\n"
               "print(row.rewritten_calls, row.tokens_equal, row.max_err < 1e-4)\n")

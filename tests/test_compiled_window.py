@@ -196,7 +196,8 @@ def test_unknown_option_lists_valid_ones():
 def test_bad_lowering_is_rejected():
     torch._dynamo.reset()
     fn = torch.compile(lambda x: x + 1, backend="dspark", options={"lowering": "tvm"})
-    with pytest.raises(ValueError, match=r"lowering='tvm' is invalid: expected one of inductor, aot_eager"):
+    with pytest.raises(ValueError,
+                       match=r"lowering='tvm' is invalid: expected one of inductor, aot_eager"):
         fn(torch.ones(2))
 
 

@@ -7,7 +7,8 @@ import pytest
 from dspark_compile import DraftWindowConfig
 
 
-@pytest.mark.parametrize("method,expected", [("eagle3", 3), ("eagle", 3), ("draft_model", 3), ("dflash", 0), ("dspark", 0)])
+@pytest.mark.parametrize("method,expected", [("eagle3", 3), ("eagle", 3), ("draft_model", 3),
+                                             ("dflash", 0), ("dspark", 0)])
 def test_future_offset_derived_from_method(method, expected):
     config = DraftWindowConfig(draft_window_size=64, method=method, num_speculative_tokens=3)
     assert config.resolved_future_offset == expected
@@ -65,7 +66,8 @@ def test_dspark_with_deepseek_v4_target_warns(caplog):
 
 
 def test_from_mapping_rejects_unknown_keys():
-    with pytest.raises(ValueError, match=r"unknown draft-window option\(s\) \['window'\].*draft_window_size"):
+    with pytest.raises(ValueError,
+                       match=r"unknown draft-window option\(s\) \['window'\].*draft_window_size"):
         DraftWindowConfig.from_mapping({"window": 8})
 
 

@@ -6,39 +6,10 @@ import pytest
 import torch
 
 import dspark_compile
-from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref, noncausal_width
-from dspark_compile.models import make_paged_batch
-from dspark_compile.models.dspark_draft import (DSparkDraftConfig, DSparkReferenceDraft,
-                                                random_latent_caches)
-
-CFG = DSparkDraftConfig(hidden_size=48, num_layers=2, num_heads=3, kv_lora_rank=16, rope_dim=8,
-                        intermediate_size=64, vocab_size=40, markov_rank=4, sliding_window=24)
-
-
-def _case(seq_lens, q_lens, block_size=4, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    model = DSparkReferenceDraft(CFG, seed=seed).eval()
-    batch = make_paged_batch(seq_lens, q_lens, block_size, generator=gen)
-    caches = random_latent_caches(CFG.num_layers, batch.num_blocks, block_size, CFG.head_dim,
-                                  generator=gen)
-    hidden = torch.randn(batch.num_tokens, CFG.hidden_size, generator=gen)
-    return model, batch, caches, hidden
-
-
-def _args(batch, hidden, caches):
-    return (hidden, batch.positions, caches, batch.block_table, batch.seq_lens,
-            batch.query_start_loc, batch.slot_mapping)
-
-
-def _eager(model, batch, hidden, caches, index_fn=None):
-    caches = [c.clone() for c in caches]
-    model.index_override = index_fn
-    try:
-        with torch.no_grad():
-            return model(*_args(batch, hidden, caches)), caches
-    finally:
-        model.index_override = None
-
+from dspark_compile.arithmetic.index_width import noncausal_width
+from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref
+from dspark_compile.testing.dspark_case import (SMALL_DSPARK_CONFIG, dspark_args,
+                                                make_dspark_case, run_dspark_eager)
 
 def _noncausal(window, num_tokens):
     width = noncausal_width(window, num_tokens)
@@ -60,17 +31,17 @@ def _compile(model, lowering, **options):
                                              ("inductor", 8), ("inductor", 120)])
 def test_compiled_dspark_equals_eager_noncausal_reference(lowering, window):
     # Requests: long context, seq_len < block, an empty request, W > context.
-    model, batch, caches, hidden = _case([60, 3, 0, 13], [5, 3, 0, 5])
-    effective_window = window or CFG.sliding_window
-    want, want_caches = _eager(model, batch, hidden, caches,
+    model, batch, caches, hidden = make_dspark_case([60, 3, 0, 13], [5, 3, 0, 5])
+    effective_window = window or SMALL_DSPARK_CONFIG.sliding_window
+    want, want_caches = run_dspark_eager(model, batch, hidden, caches,
                                _noncausal(effective_window, batch.num_tokens))
-    causal, _ = _eager(model, batch, hidden, caches)
+    causal, _ = run_dspark_eager(model, batch, hidden, caches)
 
     dspark_compile.clear_pass_records()
     compiled = _compile(model, lowering, method="dspark", draft_window_size=window)
     got_caches = [c.clone() for c in caches]
     with torch.no_grad():
-        got = compiled(*_args(batch, hidden, got_caches))
+        got = compiled(*dspark_args(batch, hidden, got_caches))
 
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     for got_cache, want_cache in zip(got_caches, want_caches):
@@ -88,13 +59,13 @@ def test_compiled_dspark_equals_eager_noncausal_reference(lowering, window):
 def test_draft_window_bounds_the_context_part():
     """With W = 8 the first query of the long request reads 8 context tokens plus
     the block; the compiled outputs differ from the unwindowed non-causal draft."""
-    model, batch, caches, hidden = _case([60, 13], [5, 5], seed=1)
+    model, batch, caches, hidden = make_dspark_case([60, 13], [5, 5], seed=1)
     narrow = _compile(model, "aot_eager", method="dspark", draft_window_size=8)
     with torch.no_grad():
-        got_narrow = narrow(*_args(batch, hidden, [c.clone() for c in caches]))
+        got_narrow = narrow(*dspark_args(batch, hidden, [c.clone() for c in caches]))
     wide = _compile(model, "aot_eager", method="dspark")
     with torch.no_grad():
-        got_wide = wide(*_args(batch, hidden, [c.clone() for c in caches]))
+        got_wide = wide(*dspark_args(batch, hidden, [c.clone() for c in caches]))
     assert (got_narrow[:5] - got_wide[:5]).abs().max() > 1e-3
     # The second request's context (8 tokens) fits both windows: identical rows.
     torch.testing.assert_close(got_narrow[5:], got_wide[5:], rtol=2e-5, atol=2e-5)
@@ -102,12 +73,12 @@ def test_draft_window_bounds_the_context_part():
 
 @pytest.mark.parametrize("method", ["dflash", "eagle3"])
 def test_other_methods_leave_the_index_call_alone(method):
-    model, batch, caches, hidden = _case([30, 9], [4, 4], seed=2)
-    want, _ = _eager(model, batch, hidden, caches)
+    model, batch, caches, hidden = make_dspark_case([30, 9], [4, 4], seed=2)
+    want, _ = run_dspark_eager(model, batch, hidden, caches)
     dspark_compile.clear_pass_records()
     compiled = _compile(model, "aot_eager", method=method, draft_window_size=16)
     with torch.no_grad():
-        got = compiled(*_args(batch, hidden, [c.clone() for c in caches]))
+        got = compiled(*dspark_args(batch, hidden, [c.clone() for c in caches]))
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert not [r for r in dspark_compile.pass_records()
                 if r.pass_name == "dspark_noncausal_indices"]
@@ -117,7 +88,7 @@ def test_pass_on_a_bare_graph_respects_method():
     from dspark_compile import DraftWindowConfig
     from dspark_compile.passes import DSparkNonCausalIndexPass
 
-    model, batch, caches, hidden = _case([30, 9], [4, 4], seed=3)
+    model, batch, caches, hidden = make_dspark_case([30, 9], [4, 4], seed=3)
     from torch.fx.experimental.proxy_tensor import make_fx
 
     args = (batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping)
@@ -137,19 +108,19 @@ def test_pass_on_a_bare_graph_respects_method():
 
 
 def test_symbolic_token_count_is_refused_with_a_clear_error():
-    model, batch, caches, hidden = _case([30, 9], [4, 4], seed=4)
+    model, batch, caches, hidden = make_dspark_case([30, 9], [4, 4], seed=4)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="dspark", dynamic=True,
                              options={"lowering": "aot_eager", "method": "dspark"})
     with pytest.raises(Exception, match="token count is symbolic .* dynamic=False"):
         with torch.no_grad():
-            compiled(*_args(batch, hidden, [c.clone() for c in caches]))
+            compiled(*dspark_args(batch, hidden, [c.clone() for c in caches]))
 
 
 def test_propose_greedy_follows_markov_chain_and_pads_rows():
-    model, batch, caches, hidden = _case([30, 9], [5, 5], seed=5)
+    model, batch, caches, hidden = make_dspark_case([30, 9], [5, 5], seed=5)
     with torch.no_grad():
-        out, _ = _eager(model, batch, hidden, caches, _noncausal(24, batch.num_tokens))
+        out, _ = run_dspark_eager(model, batch, hidden, caches, _noncausal(24, batch.num_tokens))
         anchors = torch.tensor([3, 7, 0])              # 3 rows: the last one is padding
         tokens = model.propose(out, batch.query_start_loc, anchors, 4, 0.0,
                                torch.arange(3))
@@ -165,9 +136,11 @@ def test_propose_greedy_follows_markov_chain_and_pads_rows():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels under Inductor on CUDA")
 def test_compiled_dspark_on_cuda_equals_cpu_reference():
-    model, batch, caches, hidden = _case([300, 3, 0, 77], [6, 3, 0, 6], block_size=16, seed=6)
+    model, batch, caches, hidden = make_dspark_case([300, 3, 0, 77], [6, 3, 0, 6], block_size=16,
+                                                    seed=6)
     # W=120, T=15: non-causal width 256, the model's causal width 128.
-    want, want_caches = _eager(model, batch, hidden, caches, _noncausal(120, batch.num_tokens))
+    want, want_caches = run_dspark_eager(model, batch, hidden, caches,
+                                         _noncausal(120, batch.num_tokens))
     cuda_model = model.to("cuda")
     fields = ("block_table", "seq_lens", "query_start_loc", "slot_mapping", "positions")
     for name in fields:
@@ -175,14 +148,14 @@ def test_compiled_dspark_on_cuda_equals_cpu_reference():
     got_caches = [c.cuda() for c in caches]
     compiled = _compile(cuda_model, "inductor", method="dspark", draft_window_size=120)
     with torch.no_grad():
-        got = compiled(*_args(batch, hidden.cuda(), got_caches))
+        got = compiled(*dspark_args(batch, hidden.cuda(), got_caches))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
     for got_cache, want_cache in zip(got_caches, want_caches):
         torch.testing.assert_close(got_cache.cpu(), want_cache, rtol=1e-4, atol=1e-4)
 
 
 def test_cli_demo_runs_the_dspark_draft(capsys):
-    from dspark_compile import cli
+    from dspark_compile.tools import cli
 
     assert cli.main(["demo", "--draft", "dspark", "--contexts", "80", "--window", "32",
                      "--requests", "2", "--lowering", "aot_eager"]) == 0

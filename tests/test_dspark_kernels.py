@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dspark_compile  # noqa: F401  (registers torch.ops.dspark.*)
+from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
 from dspark_compile.kernels import sparse_mla as ref
 from dspark_compile.kernels import markov_sampling_triton as markov_triton
 from dspark_compile.kernels.markov_sampling_triton import sample_sequential_triton
@@ -25,8 +26,8 @@ def _mla_case(seq_lens, q_lens, block_size, window, heads, lora, rope, noncausal
               dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     batch = make_paged_batch(seq_lens, q_lens, block_size, generator=gen)
-    width = (ref.noncausal_width(window, max(q_lens)) if noncausal
-             else ref.causal_width(window))
+    width = (noncausal_width(window, max(q_lens)) if noncausal
+             else causal_width(window))
     fn = ref.noncausal_swa_indices_ref if noncausal else ref.swa_indices_ref
     indices = fn(*_index_args(batch), block_size, window, width)
     query = torch.randn(batch.num_tokens, heads, lora + rope, generator=gen).to(dtype)
@@ -328,7 +329,7 @@ def test_noise_upper_bound_holds_and_is_tight_on_every_input():
 def _equal_noise_pair(seed, vocab, block):
     """The first position >= 0 whose noise is equal (a 23-bit collision) for two tokens of
     one block: (position, (lower token, higher token))."""
-    from dspark_compile.models.markov_sampling import gumbel_noise
+    from dspark_compile.kernels.markov_sampling import gumbel_noise
     for position in range(100):
         noise = gumbel_noise(torch.tensor([seed]), torch.tensor([position]), vocab)[0]
         order = torch.argsort(noise, stable=True)
@@ -348,7 +349,7 @@ def _filter_rows(vocab, block, temperature):
     wins); 3: a first block with no finite logit and half the rest -inf; 4: three
     logits whose quotient by T overflows to inf (the first, 5, wins); 5: every logit
     -inf (token 0)."""
-    from dspark_compile.models.markov_sampling import gumbel_noise
+    from dspark_compile.kernels.markov_sampling import gumbel_noise
     gen = torch.Generator().manual_seed(5)
     base = torch.randn(6, 1, vocab, generator=gen) * 3
     seeds = torch.tensor([11, 12, 13, 14, 15, 16])

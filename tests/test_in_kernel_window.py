@@ -104,7 +104,7 @@ def test_a_query_tile_reads_at_most_the_window_span(W, b, K, block_q, p0, causal
 
 
 def test_random_full_table_windows():
-    for batch, q, kc, vc, W, b, K, S, rand in random_window_cases(
+    for batch, q, kc, vc, W, _b, K, S, rand in random_window_cases(
             5, 5, [1, 4, 8, 16], max_window=50, max_sinks=30, max_seq=200, max_q=10,
             device=DEVICE):
         for causal in (True, False):

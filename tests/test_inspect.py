@@ -9,7 +9,7 @@ import torch
 from torch._inductor.codecache import PyCodeCache
 
 import dspark_compile
-from dspark_compile.inspection import reference_draft_example
+from dspark_compile.tools.inspection import reference_draft_example
 from dspark_compile.integrations.depyf_dump import depyf_debug
 
 ATTENTION_LINE = re.compile(r"= torch\.ops\.dspark\.paged_attention\.default\(([^)]*)\)")

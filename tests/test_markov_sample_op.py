@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from dspark_compile.kernels import markov_head_sampling_triton as head_triton
 from dspark_compile.kernels.markov_sampling import low_rank_bias
 from dspark_compile.models import block_sample_indices, dspark_draft, sample_sequential
-from tests import test_dspark_draft as draft_cases
+from dspark_compile.testing.dspark_case import make_dspark_case
 from tests import test_markov_head_sampling as head_cases
 from tests import test_markov_sampling as markov_cases
 
@@ -98,8 +98,8 @@ def test_all_greedy_rows_skip_the_noise_on_cpu(monkeypatch):
 
 def _draft(dtype):
     """(model, hidden, query_start_loc, anchors, seeds, positions) of
-    ``test_dspark_draft._case``: two requests and one CUDA-graph padding row."""
-    model, batch, _, hidden = draft_cases._case([30, 9], [5, 5], seed=5)
+    ``make_dspark_case``: two requests and one CUDA-graph padding row."""
+    model, batch, _, hidden = make_dspark_case([30, 9], [5, 5], seed=5)
     anchors = torch.tensor([3, 7, 0])
     return (model.to(dtype), hidden.to(dtype), batch.query_start_loc, anchors,
             torch.tensor([11, 2 ** 40, 5]), torch.tensor([30, 9, 0]))

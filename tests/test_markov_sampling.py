@@ -4,7 +4,7 @@ follows softmax(base + bias), noise is reproducible from (seed, position)."""
 import pytest
 import torch
 
-from dspark_compile import DSparkMarkovHead, gumbel_noise, sample_sequential
+from dspark_compile.models import DSparkMarkovHead, gumbel_noise, sample_sequential
 from dspark_compile.models.markov_sampling import block_sample_indices
 
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import dspark_compile
-from dspark_compile import window
+from dspark_compile.arithmetic import window
 from dspark_compile.kernels.paged_attention import paged_attention_ref
 from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
@@ -180,7 +180,8 @@ def test_op_rejects_bad_window_arguments():
     args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, True)
     with pytest.raises(ValueError, match="window_size=0 is invalid"):
         torch.ops.dspark.paged_attention(*args, window_size=0)
-    with pytest.raises(ValueError, match=r"future_offset=8 is invalid: expected an int in \[0, 8\)"):
+    with pytest.raises(ValueError,
+                       match=r"future_offset=8 is invalid: expected an int in \[0, 8\)"):
         torch.ops.dspark.paged_attention(*args, window_size=8, future_offset=8)
     with pytest.raises(ValueError, match=r"kv_offset \(2,\) is invalid"):
         paged_attention_triton(*args, kv_offset=torch.zeros(2, dtype=torch.int32),

@@ -17,8 +17,7 @@ from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
 from dspark_compile.kernels import sparse_mla as ref
 from dspark_compile.kernels import sparse_mla_triton as tri
 from dspark_compile.models import make_paged_batch
-from dspark_compile.models.dspark_draft import (DSparkDraftConfig, DSparkReferenceDraft,
-                                                random_latent_caches)
+from dspark_compile.testing.dspark_case import dspark_args, make_dspark_case, run_dspark_eager
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -266,25 +265,6 @@ def test_sparse_mla_over_sink_rows_equals_dense_masked_attention():
 
 # --- the DSpark pass and the compiled reference draft ---------------------------------
 
-CFG = DSparkDraftConfig(hidden_size=48, num_layers=2, num_heads=3, kv_lora_rank=16, rope_dim=8,
-                        intermediate_size=64, vocab_size=40, markov_rank=4, sliding_window=24)
-
-
-def _draft_case(seq_lens, q_lens, block_size=4, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    model = DSparkReferenceDraft(CFG, seed=seed).eval()
-    batch = make_paged_batch(seq_lens, q_lens, block_size, generator=gen)
-    caches = random_latent_caches(CFG.num_layers, batch.num_blocks, block_size, CFG.head_dim,
-                                  generator=gen)
-    hidden = torch.randn(batch.num_tokens, CFG.hidden_size, generator=gen)
-    return model, batch, caches, hidden
-
-
-def _forward_args(batch, hidden, caches):
-    return (hidden, batch.positions, caches, batch.block_table, batch.seq_lens,
-            batch.query_start_loc, batch.slot_mapping)
-
-
 def _eager_dense(model, batch, hidden, caches, window, sinks, block_size):
     """Eager draft whose indices come from the dense per-position mask (no index op)."""
     width = max(batch.seq_lens.tolist()) + 1
@@ -292,13 +272,7 @@ def _eager_dense(model, batch, hidden, caches, window, sinks, block_size):
     def index_fn(*_):
         return dense_indices(batch, block_size, window, sinks, width, noncausal=True)
 
-    caches = [c.clone() for c in caches]
-    model.index_override = index_fn
-    try:
-        with torch.no_grad():
-            return model(*_forward_args(batch, hidden, caches)), caches
-    finally:
-        model.index_override = None
+    return run_dspark_eager(model, batch, hidden, caches, index_fn)
 
 
 def _compiled(model, batch, hidden, caches, lowering, **options):
@@ -308,7 +282,7 @@ def _compiled(model, batch, hidden, caches, lowering, **options):
                              options={"lowering": lowering, "method": "dspark", **options})
     caches = [c.clone() for c in caches]
     with torch.no_grad():
-        out = compiled(*_forward_args(batch, hidden, caches))
+        out = compiled(*dspark_args(batch, hidden, caches))
     [record] = [r for r in dspark_compile.pass_records()
                 if r.pass_name == "dspark_noncausal_indices"]
     return out, caches, record.stats
@@ -319,7 +293,7 @@ def _compiled(model, batch, hidden, caches, lowering, **options):
 @pytest.mark.parametrize("lowering,window,sinks", [("aot_eager", 8, 6), ("inductor", 8, 6),
                                                    ("inductor", 120, 10)])
 def test_compiled_draft_with_sinks_equals_eager_dense_mask(lowering, window, sinks):
-    model, batch, caches, hidden = _draft_case([60, 3, 0, 13, 30], [5, 3, 0, 5, 4])
+    model, batch, caches, hidden = make_dspark_case([60, 3, 0, 13, 30], [5, 3, 0, 5, 4])
     want, want_caches = _eager_dense(model, batch, hidden, caches, window, sinks, 4)
     got, got_caches, stats = _compiled(model, batch, hidden, caches, lowering,
                                        draft_window_size=window, draft_sink_size=sinks)
@@ -334,7 +308,7 @@ def test_compiled_draft_with_sinks_equals_eager_dense_mask(lowering, window, sin
 
 
 def test_compiled_draft_with_sink_size_zero_is_todays_output():
-    model, batch, caches, hidden = _draft_case([60, 3, 0, 13], [5, 3, 0, 5], seed=1)
+    model, batch, caches, hidden = make_dspark_case([60, 3, 0, 13], [5, 3, 0, 5], seed=1)
     want, _ = _eager_dense(model, batch, hidden, caches, 8, 0, 4)
     got, _, stats = _compiled(model, batch, hidden, caches, "aot_eager", draft_window_size=8,
                               draft_sink_size=0)
@@ -410,15 +384,15 @@ def test_ascend_check_sinks_insert_no_op_and_flag_the_same_ops():
     """The torchair route does not lower the index ops (our custom ops, CPU stand-ins
     there): with sinks the pass inserts nothing, and the post-pass graph holds the
     same unconvertible ops as without them."""
-    model, batch, caches, hidden = _draft_case([30, 9], [4, 4], seed=8)
+    model, batch, caches, hidden = make_dspark_case([30, 9], [4, 4], seed=8)
     checks = {}
     for sinks in (0, 6):
         options = {"method": "dspark", "draft_window_size": 8, "draft_sink_size": sinks}
-        args = _forward_args(batch, hidden, [c.clone() for c in caches])
+        args = dspark_args(batch, hidden, [c.clone() for c in caches])
         inserted = dspark_compile.check_ascend(model, *args, options=options,
                                                inserted_only=True)
         assert inserted.ok and inserted.num_nodes == 0
-        args = _forward_args(batch, hidden, [c.clone() for c in caches])
+        args = dspark_args(batch, hidden, [c.clone() for c in caches])
         checks[sinks] = dspark_compile.check_ascend(model, *args, options=options)
     assert set(checks[6].unsupported) == set(checks[0].unsupported)
     assert "torch.ops.dspark.noncausal_swa_indices.default" in checks[6].unsupported

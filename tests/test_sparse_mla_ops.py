@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import dspark_compile  # noqa: F401  (registers torch.ops.dspark.*)
+from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
 from dspark_compile.kernels import sparse_mla as ref
 from dspark_compile.kernels import sparse_mla_triton as tri
 from dspark_compile.models import make_paged_batch
@@ -138,10 +139,10 @@ def test_index_args_are_validated():
 
 
 def test_widths():
-    assert ref.noncausal_width(8, 4) == 128 and ref.noncausal_width(128, 1) == 256
-    assert ref.noncausal_width(124, 4) == 128 and ref.causal_width(129) == 256
+    assert noncausal_width(8, 4) == 128 and noncausal_width(128, 1) == 256
+    assert noncausal_width(124, 4) == 128 and causal_width(129) == 256
     with pytest.raises(ValueError, match="max_query_len=-1"):
-        ref.noncausal_width(8, -1)
+        noncausal_width(8, -1)
 
 
 def sdpa_per_token(query, kv_cache, indices, scale, kv_lora_rank):

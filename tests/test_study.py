@@ -5,11 +5,12 @@ import json
 import pytest
 import torch
 
-from dspark_compile import cli
+from dspark_compile.tools import cli
 from dspark_compile.speculative.corpus import is_held_out, load_corpus, random_windows
 from dspark_compile.speculative.lm import LMConfig, TransformerLM
 from dspark_compile.speculative.scales import SCALES
-from dspark_compile.speculative.study import goal_check, run_study
+from dspark_compile.speculative.checks import goal_check
+from dspark_compile.speculative.study import run_study
 from dspark_compile.speculative.training import TrainSpec, eval_loss, train_lm
 
 
@@ -100,7 +101,7 @@ def test_study_settings_filter(capsys):
 
 
 def test_goal_check_ignores_sink_rows_and_sink_check_compares_them():
-    from dspark_compile.speculative.study import sink_check
+    from dspark_compile.speculative.checks import sink_check
 
     rows = [{"family": "eagle", "window": w, "sink_size": s, "context": c, "tau": t,
              "setting": f"{w}/{s}"}

@@ -14,8 +14,9 @@ from dspark_compile.kernels.paged_attention_triton import (choose_launch, paged_
                                                            wave_fit_splits)
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
-from dspark_compile.window import (SlidingWindowAdapter, compute_window,
-                                   gather_window_block_table, max_window_blocks)
+from dspark_compile.arithmetic.window import (compute_window, gather_window_block_table,
+                                              max_window_blocks)
+from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -314,7 +315,7 @@ def test_adapter_fused_equals_reference_with_a_stable_buffer():
     eager = SlidingWindowAdapter(24, 8, max_num_reqs=6, future_offset=1, device=DEVICE,
                                  fused=False)
     ptr = fused.block_table_buffer.data_ptr()
-    for step in range(2):  # seq_lens change between steps, the buffer stays put
+    for _ in range(2):  # seq_lens change between steps, the buffer stays put
         seq_lens = torch.randint(0, 120, (5,), generator=gen, dtype=torch.int32).to(DEVICE)
         table = torch.randint(0, 500, (5, 16), generator=gen, dtype=torch.int32).to(DEVICE)
         got = fused.apply(seq_lens, table, seq_lens_cpu=seq_lens.cpu(), max_seq_len=120)

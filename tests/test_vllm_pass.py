@@ -3,7 +3,10 @@
 import copy
 import logging
 import operator
+import os
 import pickle
+import subprocess
+import sys
 import tomllib
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -163,7 +166,8 @@ def test_uuid_covers_the_window_and_survives_pickle():
             uuids[window] = graph_pass.uuid()
             assert graph_pass.uuid() == uuids[window]
             clone = pickle.loads(pickle.dumps(graph_pass))
-            assert clone.uuid() == uuids[window] and copy.deepcopy(graph_pass).uuid() == uuids[window]
+            assert clone.uuid() == uuids[window]
+            assert copy.deepcopy(graph_pass).uuid() == uuids[window]
             manager = cpu_pass_manager(config)
             manager.add(graph_pass)
             with pass_context(Range(start=1, end=8)):
@@ -296,10 +300,32 @@ def _plugin_entry_point():
     return EntryPoint(name=name, value=value, group="vllm.general_plugins")
 
 
+PLUGIN_ONLY = """
+import sys
+from importlib.metadata import EntryPoint
+
+import torch
+
+def registered():
+    return hasattr(torch.ops.dspark, "unified_attention_with_output_windowed")
+
+assert not registered(), "registered before the plugin was loaded"
+EntryPoint(name={name!r}, value={value!r}, group="vllm.general_plugins").load()()
+assert registered(), "the plugin entry point did not register the op"
+schema = torch.ops.dspark.unified_attention_with_output_windowed.default._schema
+assert any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments), schema
+print("registered")
+"""
+
+
 def test_plugin_entry_point_in_pyproject_loads_and_registers_the_op():
-    plugin = _plugin_entry_point().load()
-    plugin()
-    assert torch.ops.dspark.unified_attention_with_output_windowed.default is not None
+    """In a fresh interpreter, loading only the pyproject entry point and calling it
+    registers the windowed op (absent before: the check can fail)."""
+    entry = _plugin_entry_point()
+    result = subprocess.run(
+        [sys.executable, "-c", PLUGIN_ONLY.format(name=entry.name, value=entry.value)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "registered", result.stderr
 
 
 def test_vllm_finds_the_plugin_by_entry_point():

@@ -47,7 +47,8 @@ def test_draft_attention_matches_the_per_token_window_reference():
     assert report["noncausal"]["windowed_seq_lens"] == [27, 30]
     # draft layers carry Triton's native left window of W - K = 20 tokens
     assert report["causal"]["draft_sliding_window"] == [[19, 0], [19, 0], [-1, -1]]
-    for step in ("causal", "decode", "noncausal", "long_causal"):   # 2D, 3D split-K, non-causal kernels, a block longer than W
+    # 2D, 3D split-K, non-causal kernels, a block longer than W
+    for step in ("causal", "decode", "noncausal", "long_causal"):
         result = report[step]
         for name in DRAFT + (TARGET,):   # draft == per-token window reference, target == full
             assert result["errors"][name] < 1e-5, (step, name, result)

@@ -1,4 +1,5 @@
-"""Properties of the window arithmetic (docs/design.md, "Window arithmetic"), checked with hypothesis."""
+"""Properties of the window arithmetic (docs/design.md, "Window arithmetic"), checked with
+hypothesis."""
 
 import math
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from dspark_compile import window
+from dspark_compile.arithmetic import window
+from dspark_compile.runtime import SlidingWindowAdapter
 
 
 @st.composite
@@ -116,10 +118,10 @@ def test_functional_api_rejects_bad_sizes(bad):
 
 
 def test_adapter_reuses_its_buffer_and_keeps_the_full_table():
-    adapter = window.SlidingWindowAdapter(window_size=32, block_size=8, max_num_reqs=4)
+    adapter = SlidingWindowAdapter(window_size=32, block_size=8, max_num_reqs=4)
     ptr = adapter.block_table_buffer.data_ptr()
     table = torch.arange(1, 3 * 10 + 1, dtype=torch.int32).view(3, 10)
-    for step, lens in enumerate(([40, 10, 79], [41, 11, 80], [8, 0, 33])):
+    for lens in ([40, 10, 79], [41, 11, 80], [8, 0, 33]):
         lens = torch.tensor(lens, dtype=torch.int32)
         meta = adapter.apply(lens, table, seq_lens_cpu=lens.clone(), max_seq_len=int(lens.max()))
         assert meta.block_table.data_ptr() == ptr

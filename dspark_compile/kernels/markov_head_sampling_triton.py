@@ -39,7 +39,7 @@ must not hold NaN (``torch.argmax`` would pick the NaN; this kernel does not).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 import triton
@@ -439,7 +439,7 @@ def sample_sequential_factors_triton(base_logits: torch.Tensor, anchor_tokens: t
                                      num_warps: int = NUM_WARPS,
                                      num_stages: int = NUM_STAGES, filter_upper: bool = True,
                                      rescans: Optional[torch.Tensor] = None,
-                                     _fast_wobble: Tuple[float, float] = (0.0, 0.0)
+                                     _fast_wobble: tuple[float, float] = (0.0, 0.0)
                                      ) -> torch.Tensor:
     """``markov_head_sample_ref`` for the low-rank head ``(embed [V, r], weight [V, r])``,
     both float16 or both bfloat16, with its bias computed in one kernel per step (module

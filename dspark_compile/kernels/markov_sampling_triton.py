@@ -43,7 +43,7 @@ whole draft block captures as one CUDA graph. Logits must not hold NaN
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 import triton
@@ -360,7 +360,7 @@ def _noise_bound_kernel(out_ptr, TAIL: tl.constexpr, LIBDEVICE: tl.constexpr,
 
 
 def gumbel_upper_error(device: Union[str, torch.device] = "cuda",
-                       tail: float = 4.0) -> Tuple[float, float]:
+                       tail: float = 4.0) -> tuple[float, float]:
     """``(shortfall, tail_excess)`` of ``g_upper`` over all 2**23 noise inputs, as
     compiled for ``device``: the largest ``g_exact - g_upper`` (negative: the bound
     holds with room to spare), and the largest ``g_upper - g_exact`` where
@@ -385,7 +385,7 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
                              max_candidates: int = MAX_CANDIDATES,
                              blocks_per_program: Optional[int] = None,
                              num_stages: int = NUM_STAGES,
-                             _bound_wobble: Tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
+                             _bound_wobble: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
     """``sample_sequential`` with one fused kernel per step; ``[R, N]`` int64 tokens.
 
     Launch knobs (the tokens do not depend on them): ``block_v`` (a power of

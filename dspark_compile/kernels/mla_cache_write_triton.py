@@ -24,7 +24,8 @@ def _mla_cache_write_kernel(kv_ptr, kv_stride, cache_ptr, cache_stride0, cache_s
         d = tl.arange(0, BLOCK_D)
         mask = d < HEAD_DIM
         values = tl.load(kv_ptr + row * kv_stride + d, mask=mask)
-        dest = cache_ptr + (slot // BLOCK_SIZE) * cache_stride0 + (slot % BLOCK_SIZE) * cache_stride1
+        dest = (cache_ptr + (slot // BLOCK_SIZE) * cache_stride0
+                + (slot % BLOCK_SIZE) * cache_stride1)
         tl.store(dest + d, values.to(cache_ptr.dtype.element_ty), mask=mask)
 
 

@@ -151,11 +151,3 @@ def reshape_and_cache_ref(
     key_cache[blocks, offsets] = key[keep].to(key_cache.dtype)
     value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
 
-
-def __getattr__(name: str):
-    # Old import path of the test oracle, which moved to dspark_compile.testing.oracles.
-    if name == "windowed_attention_ref":
-        from dspark_compile.testing.oracles import windowed_attention_ref
-
-        return windowed_attention_ref
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -369,7 +369,7 @@ MAX_SPLITS = 512
 MIN_WAVE_FILL = 0.9
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 

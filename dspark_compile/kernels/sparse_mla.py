@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import torch
 
-# The width rule lives in arithmetic/; re-exported here for the old import path.
-from dspark_compile.arithmetic.index_width import (  # noqa: F401
-    INDEX_WIDTH_ALIGN, WIDTH_RULE, causal_width, noncausal_width)
+from dspark_compile.arithmetic.index_width import WIDTH_RULE
 from dspark_compile.validation import check_int
 
 

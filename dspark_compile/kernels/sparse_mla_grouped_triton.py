@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from dspark_compile.kernels.launch_fit import launch_until_it_fits
+from dspark_compile.kernels.online_softmax_triton import online_softmax_step
 from dspark_compile.kernels.sparse_mla import check_sparse_mla_args
 from dspark_compile.kernels.sparse_mla_triton import launch_per_token
 
@@ -134,14 +135,7 @@ def _grouped_sparse_mla_kernel(
         scores, kv_lat = _tile_scores(q_lat, q_rope, kv_ptr, kv_stride, lead, live, lat,
                                       lat_mask, rope, rope_mask, LORA, PRECISION)
         scores = tl.where(live[None, :], scores * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(scores - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
-                                            input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, kv_lat, PRECISION)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if SPLIT:

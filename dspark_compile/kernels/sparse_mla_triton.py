@@ -12,7 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark_compile.kernels.sparse_mla import WIDTH_RULE, check_index_args, check_sparse_mla_args
+from dspark_compile.arithmetic.index_width import WIDTH_RULE
+from dspark_compile.kernels.online_softmax_triton import online_softmax_step
+from dspark_compile.kernels.sparse_mla import check_index_args, check_sparse_mla_args
 
 INDEX_BLOCK = 128
 
@@ -125,7 +127,8 @@ def noncausal_swa_indices_triton(seq_lens, query_start_loc, block_table, slot_ma
 def _sparse_mla_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride,
                        out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_heads, width, scale,
                        GROUP: tl.constexpr, ONLY_MIXED: tl.constexpr, LORA: tl.constexpr,
-                       ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                       ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr,
+                       BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -159,14 +162,7 @@ def _sparse_mla_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr
             scores = tl.dot(q_lat, tl.trans(kv_lat), input_precision=PRECISION)
             scores += tl.dot(q_rope, tl.trans(kv_rope), input_precision=PRECISION)
             scores = tl.where(live[None, :], scores * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
-                                                input_precision=PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, scores, kv_lat, PRECISION)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     out_rows = out_ptr + token * out_stride_t + heads[:, None] * out_stride_h
     tl.store(out_rows + lat[None, :], out.to(out_ptr.dtype.element_ty),

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import dspark_compile.ops  # noqa: F401  (torch.ops.dspark.*)
+from dspark_compile.models.layers import RMSNorm, apply_rope
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -30,27 +31,6 @@ class DraftModelConfig:
     causal: bool = False
     rope_theta: float = 10000.0
     eps: float = 1e-6
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(1.0 + 0.1 * torch.randn(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE of ``x [T, H, D]`` at integer ``positions [T]``."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 class DraftAttention(nn.Module):
@@ -80,9 +60,9 @@ class DraftAttention(nn.Module):
 class DraftLayer(nn.Module):
     def __init__(self, cfg: DraftModelConfig) -> None:
         super().__init__()
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.eps, weight_noise=0.1)
         self.attn = DraftAttention(cfg)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.eps, weight_noise=0.1)
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
@@ -109,7 +89,7 @@ class DFlashReferenceDraft(nn.Module):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
-            self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
+            self.norm = RMSNorm(cfg.hidden_size, cfg.eps, weight_noise=0.1)
         self.attention_override: Optional[AttentionFn] = None
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor,

@@ -15,7 +15,7 @@ draft tokens through the Markov head (``dspark.markov_head_sample``, or
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from torch import nn
 import dspark_compile.ops  # noqa: F401  (torch.ops.dspark.*)
 from dspark_compile.arithmetic.index_width import causal_width
 from dspark_compile.kernels.sampling_args import check_sampling_args
-from dspark_compile.models.dflash_draft import RMSNorm, apply_rope
+from dspark_compile.models.layers import RMSNorm, apply_rope
 from dspark_compile.models.markov_sampling import (DSparkMarkovHead, block_sample_indices,
                                                    sample_sequential)
 
@@ -55,7 +55,7 @@ class SparseMLAAttention(nn.Module):
         self.cfg = cfg
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
         self.kv_proj = nn.Linear(cfg.hidden_size, cfg.head_dim, bias=False)
-        self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg.eps)
+        self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg.eps, weight_noise=0.1)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.kv_lora_rank, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim ** -0.5
 
@@ -75,9 +75,9 @@ class SparseMLAAttention(nn.Module):
 class DSparkLayer(nn.Module):
     def __init__(self, cfg: DSparkDraftConfig) -> None:
         super().__init__()
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.eps, weight_noise=0.1)
         self.attn = SparseMLAAttention(cfg)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.eps, weight_noise=0.1)
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
@@ -103,7 +103,7 @@ class DSparkReferenceDraft(nn.Module):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             self.layers = nn.ModuleList(DSparkLayer(cfg) for _ in range(cfg.num_layers))
-            self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
+            self.norm = RMSNorm(cfg.hidden_size, cfg.eps, weight_noise=0.1)
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
             self.markov_head = DSparkMarkovHead(cfg.vocab_size, cfg.markov_rank)
         self.index_override: Optional[IndexFn] = None
@@ -155,7 +155,7 @@ class DSparkReferenceDraft(nn.Module):
         return torch.where(sample_index >= 0, tokens, torch.full_like(tokens, -1))
 
 
-def _low_rank_factors(markov_head: nn.Module) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def _low_rank_factors(markov_head: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """``markov_head.low_rank_factors()``, or None where the head has no such method or
     it raises ``ValueError`` (the head's bias is not ``embed[prev] @ weight^T``)."""
     factors = getattr(markov_head, "low_rank_factors", None)

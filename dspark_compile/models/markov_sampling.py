@@ -14,14 +14,12 @@ number of steps, no host synchronisation, capturable in a CUDA graph.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
-# The noise functions live with the reference sampler; re-exported for the old import path.
-from dspark_compile.kernels.markov_sampling import (  # noqa: F401
-    gumbel_from_bits, gumbel_noise, noise_bits, sample_with_bias)
+from dspark_compile.kernels.markov_sampling import sample_with_bias
 from dspark_compile.validation import check_int
 
 
@@ -45,7 +43,7 @@ class DSparkMarkovHead(nn.Module):
     def forward(self, prev_tokens: torch.Tensor) -> torch.Tensor:
         return self.bias(self.embed(prev_tokens))
 
-    def low_rank_factors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def low_rank_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(embed [V, r], weight [V, r])``, detached, with ``forward(prev) ==
         F.linear(embed[prev], weight)``: for kernels that compute the bias themselves.
         ``ValueError`` where ``forward`` is not that (a subclass's own ``forward``,

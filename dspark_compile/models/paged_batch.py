@@ -39,7 +39,8 @@ def make_paged_batch(seq_lens: Sequence[int], q_lens: Sequence[int], block_size:
         raise ValueError(f"seq_lens has {len(seq_lens)} entries, q_lens {len(q_lens)}")
     for s, q in zip(seq_lens, q_lens):
         if not 0 <= q <= s:
-            raise ValueError(f"q_len={q} is invalid for seq_len={s}: expected 0 <= q_len <= seq_len")
+            raise ValueError(f"q_len={q} is invalid for seq_len={s}: "
+                             "expected 0 <= q_len <= seq_len")
     blocks_per_req = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(blocks_per_req) + spare_blocks
     width = max(blocks_per_req + [1])

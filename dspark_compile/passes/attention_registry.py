@@ -54,7 +54,7 @@ class AttentionOpSpec:
     Without ``per_token_window`` every call is windowed per request (the window
     of its last position): a causal query block longer than ``W - K`` then
     loses keys of its earliest queries. With it, causal calls get the
-    per-token form (``dspark_compile.window.causal_window_metadata``).
+    per-token form (``dspark_compile.arithmetic.window.causal_window_metadata``).
     """
 
     op: torch._ops.OpOverload

@@ -10,14 +10,17 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from dspark_compile.passes.source_hash import PASS_SOURCES, source_hash
+
 
 class GraphPass(CustomGraphPass):
     """One graph rewrite with a config.
 
     Subclasses set ``name`` (a constant of ``passes.stats``), implement
     ``apply(graph) -> stats`` (counters keyed by ``passes.stats`` constants)
-    and ``config()`` (a JSON-able dict). ``uuid()`` hashes the class source and
-    the config, so Inductor's FX graph cache keys on both.
+    and ``config()`` (a JSON-able dict). ``uuid()`` hashes the class source, the
+    source files of every layer the passes draw on (``source_hash.PASS_SOURCES``)
+    and the config, so Inductor's FX graph cache keys on all three.
     """
 
     name: str = "graph_pass"
@@ -37,9 +40,6 @@ class GraphPass(CustomGraphPass):
             if cls is GraphPass:
                 break
             hasher.update(inspect.getsource(cls).encode())
+        hasher.update(source_hash(PASS_SOURCES).encode())
         hasher.update(json.dumps(self.config(), sort_keys=True, default=str).encode())
         return hasher.hexdigest()
-
-
-DSparkPass = GraphPass
-"""Deprecated alias of ``GraphPass`` (the old name; see CHANGELOG.md)."""

@@ -22,7 +22,7 @@ _PYTHON_MODULES = {"_operator": "operator", "operator": "operator", "builtins": 
                    "math": "math"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ge_convertible_ops() -> frozenset[str]:
     """Names of the ops torchair's GE graph mode converts (``torch.ops.aten.add.Tensor``...)."""
     text = importlib.resources.files("dspark_compile").joinpath(

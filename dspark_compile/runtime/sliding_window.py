@@ -68,7 +68,7 @@ class SlidingWindowAdapter:
 
     @classmethod
     def from_config(cls, config: DraftWindowConfig, max_num_reqs: int,
-                    block_size: Optional[int] = None, **kwargs) -> "SlidingWindowAdapter":
+                    block_size: Optional[int] = None, **kwargs) -> SlidingWindowAdapter:
         """An adapter with W, K and S (``draft_sink_size``) from ``config``; b from
         ``config.block_size``, else ``block_size``. ``kwargs``: device, dtype, fused."""
         if not config.enabled:

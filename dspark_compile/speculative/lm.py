@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dspark_compile.ops  # noqa: F401  (torch.ops.dspark.*)
-from dspark_compile.models.dflash_draft import apply_rope
+from dspark_compile.models.layers import RMSNorm, apply_rope
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,17 +51,6 @@ class LMConfig:
             raise ValueError(f"head_dim={self.head_dim} is invalid: expected an even int (RoPE)")
         if not isinstance(self.feature_size, int) or self.feature_size < 0:
             raise ValueError(f"feature_size={self.feature_size!r} is invalid: expected an int >= 0")
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
 
 
 class Block(nn.Module):

@@ -278,7 +278,8 @@ class SpeculativeDecoder:
         t1 = time.perf_counter()
         length = n + 1
         draft_logits, draft_hidden, nll = self._draft_catch_up(
-            draft_cache, seq, features, length, nll_start=max(n - nll_tail, 0) if nll_tail else None)
+            draft_cache, seq, features, length,
+            nll_start=max(n - nll_tail, 0) if nll_tail else None)
         _sync(device)
         t2 = time.perf_counter()
 

@@ -35,7 +35,8 @@ class PagedModel(Protocol):
                 key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor],
                 block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                 slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``tokens [T]`` int64, ``features [T, feature_size]`` -> ``(logits [T, V], hidden [T, H])``.
+        """``tokens [T]`` int64, ``features [T, feature_size]``
+        -> ``(logits [T, V], hidden [T, H])``.
 
         Causal over the cache: token t sees cache positions ``<= positions[t]``.
         """

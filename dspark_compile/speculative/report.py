@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dspark_compile.speculative.study import goal_check, sink_check
+from dspark_compile.speculative.checks import goal_check, sink_check
 
 logger = logging.getLogger(__name__)
 

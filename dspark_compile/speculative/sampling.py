@@ -38,8 +38,8 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
     ``min(1, p_j(d) / q_j(d))``; the first rejection resamples from
     ``normalize(max(p_j - q_j, 0))``; if all K pass, the bonus token is drawn from
     ``p_K``. ``generator``: a CPU generator (random numbers are drawn on the CPU
-    so runs reproduce across devices). The emitted tokens are then distributed exactly as sampling from the
-    target alone.
+    so runs reproduce across devices). The emitted tokens are then distributed exactly as
+    sampling from the target alone.
     """
     n, k = draft_tokens.shape
     index = draft_tokens.unsqueeze(-1)

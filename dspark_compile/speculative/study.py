@@ -21,16 +21,17 @@ from typing import Callable, Optional
 
 import torch
 
+from dspark_compile.speculative.checks import FAMILIES, goal_check
 from dspark_compile.speculative.corpus import Corpus, load_corpus, random_windows
-from dspark_compile.speculative.lm import LMConfig, TransformerLM
+from dspark_compile.speculative.lm import TransformerLM
 from dspark_compile.speculative.loop import (
     SpecResult, SpeculativeDecoder, compile_draft, target_greedy_decode)
+from dspark_compile.speculative.report import write_reports
 from dspark_compile.speculative.scales import StudyScale
-from dspark_compile.speculative.training import TrainSpec, eval_loss, tie_eagle_to_target, train_lm
+from dspark_compile.speculative.training import eval_loss, tie_eagle_to_target, train_lm
 
 logger = logging.getLogger(__name__)
 
-FAMILIES = ("draft_model", "eagle")
 ProgressFn = Callable[[str, int, int, str], None]   # (phase, done, total, note)
 
 
@@ -67,7 +68,8 @@ def train_pair(scale: StudyScale, corpus: Corpus, device: torch.device,
 
     record = {}
     target = TransformerLM(scale.target, seed=0).to(device)
-    record["target"] = train_lm(target, corpus.train, scale.target_train, progress=bar("train target"),
+    record["target"] = train_lm(target, corpus.train, scale.target_train,
+                                progress=bar("train target"),
                                 time_budget_s=time_budget_s)
     target.requires_grad_(False)
     draft = TransformerLM(scale.draft, seed=1).to(device)
@@ -147,62 +149,6 @@ def _graph_count() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def goal_check(results: list[dict], contexts: tuple[int, ...], draft_context: int) -> dict:
-    """Per family, the issue's goal: at the longest context, tau without a window
-    <= 60% and with the best window >= 95% of the short-context tau.
-
-    The short-context tau is the one with a window of exactly the draft's training
-    context at the shortest context: the only cell where the draft never reads more
-    than its training length (decoding extends the context past the prompt, so
-    without a window the draft leaves its training length even there; that value
-    is reported too, as ``tau_short_no_window``).
-    """
-    out = {}
-    short, long = min(contexts), max(contexts)
-
-    def find(rows, window, context):
-        match = [r for r in rows if r["window"] == window and r["context"] == context]
-        return match[0] if match else None
-
-    for family in FAMILIES:
-        # the window alone (rows with attention sinks are compared in sink_check)
-        rows = [r for r in results if r["family"] == family and not r.get("sink_size")]
-        base, none_short = find(rows, draft_context, short), find(rows, None, short)
-        none_long = find(rows, None, long)
-        windowed_long = [r for r in rows if r["window"] is not None and r["context"] == long]
-        if not (base and none_short and none_long and windowed_long):
-            continue
-        best = max(windowed_long, key=lambda r: r["tau"])
-        tau0 = base["tau"]
-        out[family] = {
-            "tau_short": tau0, "tau_short_no_window": none_short["tau"],
-            "tau_long_no_window": none_long["tau"], "tau_long_best_window": best["tau"],
-            "best_window": best["window"],
-            "no_window_ratio": none_long["tau"] / tau0,
-            "best_window_ratio": best["tau"] / tau0,
-            "collapse_goal_met": none_long["tau"] / tau0 <= 0.60,
-            "recovery_goal_met": best["tau"] / tau0 >= 0.95,
-        }
-    return out
-
-
-def sink_check(results: list[dict]) -> dict:
-    """Per family and sink setting: tau with sinks minus tau with the same window
-    alone, per context (``{family: {setting: {context: (tau_w, tau_ws, delta)}}}``)."""
-    out: dict = {}
-    window_only = {(r["family"], r["window"], r["context"]): r["tau"] for r in results
-                   if r["window"] is not None and not r.get("sink_size")}
-    for r in results:
-        if not r.get("sink_size"):
-            continue
-        base = window_only.get((r["family"], r["window"], r["context"]))
-        if base is None:
-            continue
-        out.setdefault(r["family"], {}).setdefault(r["setting"], {})[r["context"]] = (
-            base, r["tau"], r["tau"] - base)
-    return out
-
-
 def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cpu",
               lowering: Optional[str] = None, checkpoint: Optional[Path] = None,
               draft_prefill_chunk: Optional[int] = None,
@@ -267,7 +213,8 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
             outs.append(tokens)
             rates.append(rate)
         reference[c] = outs
-        study["baseline"].append({"context": c, "target_only_tokens_per_s": sum(rates) / len(rates)})
+        study["baseline"].append({"context": c,
+                                  "target_only_tokens_per_s": sum(rates) / len(rates)})
     save()
 
     max_len = max(scale.contexts) + scale.new_tokens + 2 * k + 2
@@ -309,6 +256,5 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
             save()
     if progress:
         progress("study", total, total, "done")
-    from dspark_compile.speculative.report import write_reports
     write_reports(study, out_dir)
     return study

@@ -1,2 +1,2 @@
-"""Tools over the backend: Ascend GE check, post-pass graph tracing (CLI, inspection, demos
-live at the package top level: ``cli``, ``inspection``, ``demo``, ``dspark_demo``)."""
+"""Tools over the backend: the command line (``cli``), inspection, the demos, the Ascend GE
+check and post-pass graph tracing."""

@@ -17,7 +17,8 @@ from typing import Sequence
 import torch
 
 from dspark_compile.backend import dspark_backend
-from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref, noncausal_width
+from dspark_compile.arithmetic.index_width import noncausal_width
+from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref
 from dspark_compile.models import make_paged_batch
 from dspark_compile.models.dspark_draft import (DSparkDraftConfig, DSparkReferenceDraft,
                                                 random_latent_caches)

@@ -69,9 +69,9 @@ def resolve_window_config(vllm_config: Any, overrides: WindowOverrides = WindowO
                           ) -> DraftWindowConfig:
     """The window config for ``vllm_config`` (may be None: overrides only).
 
-    Returns a disabled config when no window size is set anywhere. Raises ``ValueError`` naming the setting, its value and what
-    is allowed for a bad window size, an unsupported speculative method, or a
-    window without a speculative config.
+    Returns a disabled config when no window size is set anywhere. Raises ``ValueError``
+    naming the setting, its value and what is allowed for a bad window size, an
+    unsupported speculative method, or a window without a speculative config.
     """
     window = overrides.draft_window_size
     if window is None and vllm_config is not None:

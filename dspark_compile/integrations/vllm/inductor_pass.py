@@ -29,6 +29,7 @@ import torch.fx
 from torch._higher_order_ops.auto_functionalize import (
     auto_functionalized, auto_functionalized_v2)
 
+import vllm
 from vllm.compilation.passes.inductor_pass import InductorPass
 from vllm.utils.torch_utils import LayerName
 
@@ -41,11 +42,15 @@ from dspark_compile.integrations.vllm.metadata import SUPPORTED_BACKENDS
 from dspark_compile.passes import stats as keys
 from dspark_compile.passes.graph_utils import get_arg, sync_eager_input_vals
 from dspark_compile.passes.manager import new_graph_id, record_pass
+from dspark_compile.passes.source_hash import PASS_SOURCES, source_hash
 from dspark_compile.validation import log_once, warn_once
 
 logger = logging.getLogger(__name__)
 
 _FUNCTIONALIZED = (auto_functionalized, auto_functionalized_v2)
+
+#: ``PASS_SOURCES`` plus the vLLM integration.
+VLLM_PASS_SOURCES = PASS_SOURCES + ("integrations/vllm",)
 
 
 class DraftWindowInductorPass(InductorPass):
@@ -56,8 +61,9 @@ class DraftWindowInductorPass(InductorPass):
     ``speculative_config.method`` and ``.num_speculative_tokens``); ``None``
     reads it. The config is that
     of the vLLM model being compiled, so one module-level instance serves
-    every engine. ``uuid()`` covers the resolved config: two window sizes
-    never share a compile-cache entry.
+    every engine. ``uuid()`` covers the resolved config (two window sizes
+    never share a compile-cache entry), the source files of the layers the
+    pass draws on (``VLLM_PASS_SOURCES``) and the installed vLLM version.
     """
 
     def __init__(self, draft_window_size: Optional[int] = None, method: Optional[str] = None,
@@ -76,7 +82,10 @@ class DraftWindowInductorPass(InductorPass):
 
     def uuid(self) -> str:
         return InductorPass.hash_dict({
-            "source": InductorPass.hash_source(self, attention_op.unified_attention_with_output_windowed),
+            "source": InductorPass.hash_source(self,
+                                               attention_op.unified_attention_with_output_windowed),
+            "files": source_hash(VLLM_PASS_SOURCES),
+            "vllm": vllm.__version__,
             "window": self.window_config().as_dict(),
         })
 

@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 import torch
 
 from dspark_compile.backend import compile_caches_off
-from dspark_compile.demo import best_time_ms
+from dspark_compile.tools.demo import best_time_ms
 from dspark_compile.arithmetic.index_width import noncausal_width
 from dspark_compile.kernels.sparse_mla import noncausal_swa_indices_ref
 from dspark_compile.models import make_paged_batch

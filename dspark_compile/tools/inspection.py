@@ -290,7 +290,8 @@ def render_summary(report: InspectionReport, window: DraftWindowConfig) -> str:
         lines.append(f"- block_size: {window.block_size or 'from the KV cache'}")
         lines += _sink_lines(report, window)
     else:
-        lines.append(f"- window off (method: {window.method}): attention calls are left as they are")
+        lines.append(f"- window off (method: {window.method}): "
+                     "attention calls are left as they are")
     backend_opts = {k: v for k, v in report.options.items()
                     if k not in DraftWindowConfig.field_names()}
     lines.append(f"- backend options: {backend_opts or 'defaults'}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 PROG = "dspark-compile"
-BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_draft_window.py"
+BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_draft_window.py"
 
 
 class UsageError(Exception):
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_study_parsers(commands) -> None:
     from dspark_compile.speculative.scales import SCALES
-    from dspark_compile.speculative.study import FAMILIES
+    from dspark_compile.speculative.checks import FAMILIES
 
     study = commands.add_parser(
         "study", help="acceptance (tau) and tokens/s vs context, with and without the window",
@@ -206,7 +206,7 @@ def run_study_report_command(args: argparse.Namespace) -> int:
     path = Path(args.study_json)
     if not path.is_file():
         raise UsageError(f"study_json={str(path)!r} is invalid: no such file")
-    from dspark_compile.speculative.study import goal_check
+    from dspark_compile.speculative.checks import goal_check
 
     out_dir = Path(args.out_dir) if args.out_dir else path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -262,7 +262,7 @@ def _window_options(args: argparse.Namespace) -> dict:
 def run_demo_command(args: argparse.Namespace) -> int:
     import torch
 
-    from dspark_compile.demo import run_demo
+    from dspark_compile.tools.demo import run_demo
 
     try:
         device = torch.device(args.device)
@@ -302,7 +302,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 
 def run_dspark_demo_command(args: argparse.Namespace) -> int:
-    from dspark_compile.dspark_demo import run_dspark_demo
+    from dspark_compile.tools.dspark_demo import run_dspark_demo
 
     return _print_demo_table(
         title=(f"dspark-compile demo: DSpark reference draft (2 sparse-MLA layers, 8 heads, "
@@ -352,9 +352,9 @@ def _print_demo_table(title, columns, rows, contexts, row_ok, legend, ok_message
 
 
 def run_inspect_command(args: argparse.Namespace) -> int:
-    from dspark_compile.inspection import inspect, reference_draft_example
+    from dspark_compile.tools.inspection import inspect, reference_draft_example
 
-    from dspark_compile.backend import parse_options
+    from dspark_compile.options import parse_options
 
     options = {**_window_options(args), "lowering": args.lowering}
     parse_options(options)  # bad options fail before any work
@@ -386,7 +386,7 @@ def run_inspect_command(args: argparse.Namespace) -> int:
 
 def run_check_ascend_command(args: argparse.Namespace) -> int:
     from dspark_compile.tools.ascend_check import check_ascend
-    from dspark_compile.inspection import reference_draft_example
+    from dspark_compile.tools.inspection import reference_draft_example
 
     options = _window_options(args)
     progress = TextProgress(1, "check-ascend")
