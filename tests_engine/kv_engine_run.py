@@ -106,7 +106,6 @@ def main(spec_path: str, report_path: str) -> None:
     cache = llm.llm_engine.vllm_config.cache_config
     core = llm.llm_engine.engine_core.engine_core
     config = core.scheduler.kv_cache_config
-    from dspark_compile.integrations.vllm import kv_memory
 
     decisions = (llm.collective_rpc(kv_decision) if spec.get("tp", 1) > 1
                  else [kv_decision()])
