@@ -44,8 +44,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 ALL_SECTIONS = ("copy", "correct", "inductor", "attn", "bw", "meta", "e2e", "sinks")
-BLOCK = 16                       # kernel block size b
-HQ, HKV, HEAD_DIM = 32, 8, 128   # Llama-8B-like draft attention (GQA 4)
+BLOCK = 16  # kernel block size b
+HQ, HKV, HEAD_DIM = 32, 8, 128  # Llama-8B-like draft attention (GQA 4)
 DTYPE = torch.bfloat16
 DEV = "cuda"
 SCALE, BATCH_CAP, SMOKE = 1, 1 << 30, False  # --smoke-cpu: tiny sizes, Triton interpreter
@@ -99,19 +99,26 @@ class Results:
             return
         self.write_file("results.json", json.dumps(self.data, indent=1, default=str))
         meta = self.data["meta"]
-        head = (f"# Draft KV window on {meta['device']}\n\n"
-                f"Date {meta['date']}; torch {meta['torch']}, triton {meta['triton']}, "
-                f"CUDA {meta['cuda']}, Python {meta['python']}. Draft attention: Hq={HQ}, "
-                f"Hkv={HKV}, D={HEAD_DIM}, {str(DTYPE).replace('torch.', '')}, b={BLOCK}.\n")
+        head = (
+            f"# Draft KV window on {meta['device']}\n\n"
+            f"Date {meta['date']}; torch {meta['torch']}, triton {meta['triton']}, "
+            f"CUDA {meta['cuda']}, Python {meta['python']}. Draft attention: Hq={HQ}, "
+            f"Hkv={HKV}, D={HEAD_DIM}, {str(DTYPE).replace('torch.', '')}, b={BLOCK}.\n"
+        )
         self.write_file("results.md", head + "\n" + "\n".join(self.md))
 
 
 def _environment() -> dict:
     from dspark_compile.tools.provenance import provenance
 
-    return {**provenance(),
-            "sms": (torch.cuda.get_device_properties(0).multi_processor_count
-                    if torch.cuda.is_available() else None)}
+    return {
+        **provenance(),
+        "sms": (
+            torch.cuda.get_device_properties(0).multi_processor_count
+            if torch.cuda.is_available()
+            else None
+        ),
+    }
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
@@ -131,9 +138,15 @@ class Paged:
     random permutation of the pool; table columns past a request's blocks hold
     random (garbage) block ids, as in a real runner."""
 
-    def __init__(self, seq_lens: Sequence[int], q_lens: Sequence[int], width: Optional[int] = None,
-                 pool_blocks: Optional[int] = None, seed: int = 0,
-                 device: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        seq_lens: Sequence[int],
+        q_lens: Sequence[int],
+        width: Optional[int] = None,
+        pool_blocks: Optional[int] = None,
+        seed: int = 0,
+        device: Optional[str] = None,
+    ) -> None:
         device = device or DEV
         gen = torch.Generator(device=device).manual_seed(seed)
         need = [-(-s // BLOCK) for s in seq_lens]
@@ -141,11 +154,17 @@ class Paged:
         self.num_blocks = pool_blocks or (sum(need) + 8)
         assert sum(need) <= self.num_blocks and max(need + [0]) <= self.width
         perm = torch.randperm(self.num_blocks, generator=gen, device=device).to(torch.int32)
-        table = torch.randint(0, self.num_blocks, (len(seq_lens), self.width), generator=gen,
-                              device=device, dtype=torch.int32)
+        table = torch.randint(
+            0,
+            self.num_blocks,
+            (len(seq_lens), self.width),
+            generator=gen,
+            device=device,
+            dtype=torch.int32,
+        )
         offset = 0
         for i, n in enumerate(need):
-            table[i, :n] = perm[offset:offset + n]
+            table[i, :n] = perm[offset : offset + n]
             offset += n
         self.block_table = table
         self.seq_lens = torch.tensor(list(seq_lens), dtype=torch.int32, device=device)
@@ -176,8 +195,10 @@ class Paged:
 def kv_cache(num_blocks: int, dtype=DTYPE, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator(device=DEV).manual_seed(seed)
     shape = (num_blocks, BLOCK, HKV, HEAD_DIM)
-    return (torch.randn(shape, generator=gen, device=DEV, dtype=dtype),
-            torch.randn(shape, generator=gen, device=DEV, dtype=dtype))
+    return (
+        torch.randn(shape, generator=gen, device=DEV, dtype=dtype),
+        torch.randn(shape, generator=gen, device=DEV, dtype=dtype),
+    )
 
 
 def bench_ms(fn: Callable[[], object], graph: bool) -> float:
@@ -195,7 +216,7 @@ def bench_ms(fn: Callable[[], object], graph: bool) -> float:
 
 
 def attention(q, kc, vc, table, lens, qsl, causal):
-    return torch.ops.dspark.paged_attention(q, kc, vc, table, lens, qsl, HEAD_DIM ** -0.5, causal)
+    return torch.ops.dspark.paged_attention(q, kc, vc, table, lens, qsl, HEAD_DIM**-0.5, causal)
 
 
 def windowed_attention(q, kc, vc, batch: Paged, window: int, causal: bool):
@@ -210,32 +231,38 @@ def windowed_attention(q, kc, vc, batch: Paged, window: int, causal: bool):
 
 def section_copy(res: Results) -> float:
     log("copy bandwidth")
-    n = C(2 * 1024 ** 3 // 2)  # 2 GiB of bf16
+    n = C(2 * 1024**3 // 2)  # 2 GiB of bf16
     src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     ms = bench_ms(lambda: dst.copy_(src), graph=False)
     gbps = 2 * src.numel() * src.element_size() / ms / 1e6
     del src, dst
     free()
-    res.add("copy", {"bytes_moved": 4 * n, "ms": ms, "GBps": gbps},
-            f"## Copy bandwidth\n\n{2 * n / 2 ** 30:.3g} GiB device-to-device copy: {ms:.3f} ms, "
-            f"{gbps:.0f} GB/s (bytes read + written).\n")
+    res.add(
+        "copy",
+        {"bytes_moved": 4 * n, "ms": ms, "GBps": gbps},
+        f"## Copy bandwidth\n\n{2 * n / 2**30:.3g} GiB device-to-device copy: {ms:.3f} ms, "
+        f"{gbps:.0f} GB/s (bytes read + written).\n",
+    )
     return gbps
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, bool]:
     nan = bool(torch.isnan(got).any())
-    diff = (got.double() - want.double())
+    diff = got.double() - want.double()
     rel = float(diff.norm() / want.double().norm().clamp_min(1e-30))
     return rel, float(diff.abs().max()), nan
 
 
 def section_correct(res: Results, quick: bool) -> bool:
+    from dspark_compile.arithmetic.window import (
+        compute_window,
+        gather_window_block_table,
+        max_window_blocks,
+    )
     from dspark_compile.kernels.paged_attention import paged_attention_ref
     from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
     from dspark_compile.kernels.window_metadata import window_metadata_triton
-    from dspark_compile.arithmetic.window import (compute_window, gather_window_block_table,
-                                                  max_window_blocks)
 
     g = torch.Generator().manual_seed(1)
 
@@ -249,14 +276,38 @@ def section_correct(res: Results, quick: bool) -> bool:
         return [q] * B(n)
 
     cases = [  # name, seq_lens, q_lens, causal, windows, dtype
-        ("decode b64 1k-8k", rand_lens(64, 1024, 8192), qs(1, 64), True,
-         [None, 512, 2048, 2000], DTYPE),
-        ("decode b4 to 128k", lens(131072, 100003, 65536) + [1], qs(1, 4), True,
-         [None, 2048, 2000], DTYPE),
-        ("dflash16 b16 8k-32k", rand_lens(16, 8192, 32768), qs(16, 16), False,
-         [None, 2048, 512], DTYPE),
-        ("causal8 b32 1k-16k", rand_lens(31, 1024, 16384) + lens(3000), qs(8, 31) + [0], True,
-         [None, 2000], DTYPE),
+        (
+            "decode b64 1k-8k",
+            rand_lens(64, 1024, 8192),
+            qs(1, 64),
+            True,
+            [None, 512, 2048, 2000],
+            DTYPE,
+        ),
+        (
+            "decode b4 to 128k",
+            lens(131072, 100003, 65536) + [1],
+            qs(1, 4),
+            True,
+            [None, 2048, 2000],
+            DTYPE,
+        ),
+        (
+            "dflash16 b16 8k-32k",
+            rand_lens(16, 8192, 32768),
+            qs(16, 16),
+            False,
+            [None, 2048, 512],
+            DTYPE,
+        ),
+        (
+            "causal8 b32 1k-16k",
+            rand_lens(31, 1024, 16384) + lens(3000),
+            qs(8, 31) + [0],
+            True,
+            [None, 2000],
+            DTYPE,
+        ),
         ("dflash16 b1 128k", lens(131072), [16], False, [None, 2000], DTYPE),
         ("decode fp16 b8 4k", rand_lens(8, 3000, 5000), qs(1, 8), True, [512], torch.float16),
     ]
@@ -278,39 +329,80 @@ def section_correct(res: Results, quick: bool) -> bool:
             else:
                 cols = max_window_blocks(window, BLOCK)
                 buf = torch.full((len(seq_lens) + 3, cols), -7, dtype=torch.int32, device=DEV)
-                lens, start, table = window_metadata_triton(batch.seq_lens, batch.block_table,
-                                                            window, BLOCK, out_table=buf[:-3])
+                lens, start, table = window_metadata_triton(
+                    batch.seq_lens, batch.block_table, window, BLOCK, out_table=buf[:-3]
+                )
                 bounds = compute_window(batch.seq_lens, window, BLOCK)
-                want_table = gather_window_block_table(batch.block_table, bounds.start_block,
-                                                       bounds.needed, cols)
-                meta_ok = (torch.equal(lens, bounds.windowed_len)
-                           and torch.equal(start, bounds.start)
-                           and torch.equal(table, want_table) and bool((buf[-3:] == -7).all()))
+                want_table = gather_window_block_table(
+                    batch.block_table, bounds.start_block, bounds.needed, cols
+                )
+                meta_ok = (
+                    torch.equal(lens, bounds.windowed_len)
+                    and torch.equal(start, bounds.start)
+                    and torch.equal(table, want_table)
+                    and bool((buf[-3:] == -7).all())
+                )
                 kv_start = bounds.start
             out = torch.full_like(q, float("nan"))
-            got = paged_attention_triton(q, kc, vc, table, lens, batch.query_start_loc,
-                                         HEAD_DIM ** -0.5, causal, out=out)
+            got = paged_attention_triton(
+                q, kc, vc, table, lens, batch.query_start_loc, HEAD_DIM**-0.5, causal, out=out
+            )
             # reference: fp32 math on the FULL table, masked to [start, seq_len)
-            want = paged_attention_ref(q32, kc32, vc32, batch.block_table, batch.seq_lens,
-                                       batch.query_start_loc, HEAD_DIM ** -0.5, causal,
-                                       kv_start=kv_start)
+            want = paged_attention_ref(
+                q32,
+                kc32,
+                vc32,
+                batch.block_table,
+                batch.seq_lens,
+                batch.query_start_loc,
+                HEAD_DIM**-0.5,
+                causal,
+                kv_start=kv_start,
+            )
             rel, max_abs, nan = _relative_error(got, want)
             passed = meta_ok and not nan and rel < 1e-2
             ok &= passed
-            rows.append([name, "full" if window is None else window, len(seq_lens),
-                         max(seq_lens), max(q_lens), "causal" if causal else "non-causal",
-                         str(dtype).replace("torch.", ""), rel, max_abs, nan, meta_ok,
-                         "PASS" if passed else "FAIL"])
+            rows.append(
+                [
+                    name,
+                    "full" if window is None else window,
+                    len(seq_lens),
+                    max(seq_lens),
+                    max(q_lens),
+                    "causal" if causal else "non-causal",
+                    str(dtype).replace("torch.", ""),
+                    rel,
+                    max_abs,
+                    nan,
+                    meta_ok,
+                    "PASS" if passed else "FAIL",
+                ]
+            )
         del kc, vc, kc32, vc32, q, q32
         free()
-    headers = ["case", "W", "batch", "max ctx", "q_len", "mask", "dtype", "rel err",
-               "max abs err", "NaN", "window meta exact", "result"]
-    res.add("correct", {"headers": headers, "rows": rows, "all_pass": ok},
-            "## 1. Correctness at real sizes\n\nTriton kernels vs the torch references "
-            "(attention: fp32 reference on the full table masked to the window; window "
-            "metadata: exact equality, poisoned buffer rows untouched). Outputs poisoned "
-            "with NaN before each run; pass = rel err (||out-ref||/||ref||) < 1e-2, "
-            "no NaN.\n\n" + md_table(headers, rows))
+    headers = [
+        "case",
+        "W",
+        "batch",
+        "max ctx",
+        "q_len",
+        "mask",
+        "dtype",
+        "rel err",
+        "max abs err",
+        "NaN",
+        "window meta exact",
+        "result",
+    ]
+    res.add(
+        "correct",
+        {"headers": headers, "rows": rows, "all_pass": ok},
+        "## 1. Correctness at real sizes\n\nTriton kernels vs the torch references "
+        "(attention: fp32 reference on the full table masked to the window; window "
+        "metadata: exact equality, poisoned buffer rows untouched). Outputs poisoned "
+        "with NaN before each run; pass = rel err (||out-ref||/||ref||) < 1e-2, "
+        "no NaN.\n\n" + md_table(headers, rows),
+    )
     return ok
 
 
@@ -332,11 +424,18 @@ def _compile(model, **options):
 
 def _draft_args(model, cfg, batch: Paged, caches, seed=0):
     gen = torch.Generator(device=DEV).manual_seed(seed)
-    hidden = torch.randn(batch.num_tokens, cfg.hidden_size, generator=gen, device=DEV,
-                         dtype=DTYPE)
+    hidden = torch.randn(batch.num_tokens, cfg.hidden_size, generator=gen, device=DEV, dtype=DTYPE)
     pos, slots = batch.positions_and_slots()
-    return (hidden, pos, [k for k, _ in caches], [v for _, v in caches], batch.block_table,
-            batch.seq_lens, batch.query_start_loc, slots)
+    return (
+        hidden,
+        pos,
+        [k for k, _ in caches],
+        [v for _, v in caches],
+        batch.block_table,
+        batch.seq_lens,
+        batch.query_start_loc,
+        slots,
+    )
 
 
 def _split_args(text: str) -> list[str]:
@@ -364,7 +463,7 @@ def _buffer_name(arg: str) -> str:
 def analyse_window_kernels(code: str) -> dict:
     """Which generated kernels produce the windowed (seq_lens, block_table) that the
     attention calls read, and how often each is launched."""
-    call_body = code[code.index("def call("):]
+    call_body = code[code.index("def call(") :]
     attention = re.findall(r"torch\.ops\.dspark\.paged_attention\.default\((.*)\)", call_body)
     tables = {_buffer_name(_split_args(c)[3]) for c in attention}
     lens = {_buffer_name(_split_args(c)[4]) for c in attention}
@@ -381,23 +480,44 @@ def analyse_window_kernels(code: str) -> dict:
     for kernel in producers:
         m = re.search(rf"{kernel} = async_compile\.triton\('{kernel}', '''(.*?)'''", code, re.S)
         sources[kernel] = m.group(1) if m else "(source not found)"
-    one = (len(producers) == 1 and next(iter(producers.values()))["launches"] == 1
-           and next(iter(producers.values()))["outputs"] == tables | lens)
-    return {"attention_calls": len(attention), "distinct_tables": len(tables),
-            "distinct_lens": len(lens),
-            "producers": {k: {"launches": v["launches"], "outputs": sorted(v["outputs"])}
-                          for k, v in producers.items()},
-            "one_kernel_for_all_layers": one, "sources": sources,
-            "call_lines": [ln for ln in call_body.splitlines()
-                           if any(k in ln for k in producers) or "paged_attention" in ln]}
+    one = (
+        len(producers) == 1
+        and next(iter(producers.values()))["launches"] == 1
+        and next(iter(producers.values()))["outputs"] == tables | lens
+    )
+    return {
+        "attention_calls": len(attention),
+        "distinct_tables": len(tables),
+        "distinct_lens": len(lens),
+        "producers": {
+            k: {"launches": v["launches"], "outputs": sorted(v["outputs"])}
+            for k, v in producers.items()
+        },
+        "one_kernel_for_all_layers": one,
+        "sources": sources,
+        "call_lines": [
+            ln
+            for ln in call_body.splitlines()
+            if any(k in ln for k in producers) or "paged_attention" in ln
+        ],
+    }
 
 
 def section_inductor(res: Results) -> bool:
     from torch._inductor.utils import run_and_get_code
 
     log("inductor: compiling a 3-layer draft with backend dspark (W=2048)")
-    model, cfg = _draft(dict(hidden_size=1024, num_layers=3, num_heads=HQ, num_kv_heads=HKV,
-                             head_dim=HEAD_DIM, intermediate_size=2048, causal=False))
+    model, cfg = _draft(
+        dict(
+            hidden_size=1024,
+            num_layers=3,
+            num_heads=HQ,
+            num_kv_heads=HKV,
+            head_dim=HEAD_DIM,
+            intermediate_size=2048,
+            causal=False,
+        )
+    )
     batch = Paged([C(v) for v in (5000, 3000, 9000, 2100)], [16] * 4)
     caches = [kv_cache(batch.num_blocks, seed=i) for i in range(3)]
     args = _draft_args(model, cfg, batch, caches)
@@ -405,31 +525,51 @@ def section_inductor(res: Results) -> bool:
     summary, ok_any, excerpt = {}, False, []
     for name, inductor_config in variants.items():
         torch._dynamo.reset()
-        compiled = _compile(model, draft_window_size=C(2048), method="dflash",
-                            inductor_config=inductor_config)
+        compiled = _compile(
+            model, draft_window_size=C(2048), method="dflash", inductor_config=inductor_config
+        )
         with torch.no_grad():
             _, codes = run_and_get_code(compiled, *args)
         info = analyse_window_kernels(codes[0])
         summary[name] = {k: v for k, v in info.items() if k != "sources"}
         ok_any |= info["one_kernel_for_all_layers"]
-        excerpt.append(f"#### inductor_config={inductor_config} -> "
-                       f"one_kernel_for_all_layers={info['one_kernel_for_all_layers']}\n")
+        excerpt.append(
+            f"#### inductor_config={inductor_config} -> "
+            f"one_kernel_for_all_layers={info['one_kernel_for_all_layers']}\n"
+        )
         excerpt.append("# launches in call():\n" + "\n".join(info["call_lines"]) + "\n")
         for kernel, src in info["sources"].items():
             excerpt.append(f"# ---- {kernel}\n{src}\n")
         if name == "default" and info["one_kernel_for_all_layers"]:
             break
     res.write_file("inductor_window_kernel.txt", "\n".join(excerpt))
-    rows = [[name, s["attention_calls"], s["distinct_tables"], s["distinct_lens"],
-             ", ".join(f"{k} x{v['launches']}" for k, v in s["producers"].items()),
-             s["one_kernel_for_all_layers"]] for name, s in summary.items()]
-    headers = ["inductor config", "attention calls", "distinct tables read",
-               "distinct seq_lens read", "kernels producing them (launches)", "ONE kernel"]
-    res.add("inductor", {"variants": summary},
-            "## 2. Inductor code for a compiled draft step (backend dspark, W=2048)\n\n"
-            "3-layer DFlash reference draft, bf16, CUDA. Kernels that write the windowed "
-            "block table / seq_lens every attention call reads (source in "
-            "`inductor_window_kernel.txt`).\n\n" + md_table(headers, rows))
+    rows = [
+        [
+            name,
+            s["attention_calls"],
+            s["distinct_tables"],
+            s["distinct_lens"],
+            ", ".join(f"{k} x{v['launches']}" for k, v in s["producers"].items()),
+            s["one_kernel_for_all_layers"],
+        ]
+        for name, s in summary.items()
+    ]
+    headers = [
+        "inductor config",
+        "attention calls",
+        "distinct tables read",
+        "distinct seq_lens read",
+        "kernels producing them (launches)",
+        "ONE kernel",
+    ]
+    res.add(
+        "inductor",
+        {"variants": summary},
+        "## 2. Inductor code for a compiled draft step (backend dspark, W=2048)\n\n"
+        "3-layer DFlash reference draft, bf16, CUDA. Kernels that write the windowed "
+        "block table / seq_lens every attention call reads (source in "
+        "`inductor_window_kernel.txt`).\n\n" + md_table(headers, rows),
+    )
     return ok_any
 
 
@@ -443,26 +583,39 @@ def section_attn(res: Results, quick: bool) -> None:
         for q_len, causal in ((1, True), (16, False)):
             for ctx in contexts:
                 lens = [max(ctx - 7 * i, q_len) for i in range(batch_size)]
-                batch = Paged(lens, [q_len] * batch_size, pool_blocks=pool.num_blocks,
-                              seed=ctx + batch_size)
+                batch = Paged(
+                    lens, [q_len] * batch_size, pool_blocks=pool.num_blocks, seed=ctx + batch_size
+                )
                 q = torch.randn(batch.num_tokens, HQ, HEAD_DIM, device=DEV, dtype=DTYPE)
-                full = functools.partial(attention, q, kc, vc, batch.block_table, batch.seq_lens,
-                                         batch.query_start_loc, causal)
+                full = functools.partial(
+                    attention,
+                    q,
+                    kc,
+                    vc,
+                    batch.block_table,
+                    batch.seq_lens,
+                    batch.query_start_loc,
+                    causal,
+                )
                 win = functools.partial(windowed_attention, q, kc, vc, batch, window, causal)
                 full_ms, win_ms = bench_ms(full, graph=True), bench_ms(win, graph=True)
-                rows.append([batch_size, q_len, ctx, full_ms * 1e3, win_ms * 1e3,
-                             full_ms / win_ms])
-                log(f"attn b={batch_size} q={q_len} ctx={ctx}: full {full_ms * 1e3:.1f} us, "
-                    f"windowed {win_ms * 1e3:.1f} us")
+                rows.append([batch_size, q_len, ctx, full_ms * 1e3, win_ms * 1e3, full_ms / win_ms])
+                log(
+                    f"attn b={batch_size} q={q_len} ctx={ctx}: full {full_ms * 1e3:.1f} us, "
+                    f"windowed {win_ms * 1e3:.1f} us"
+                )
     del kc, vc
     free()
     headers = ["batch", "q_len", "context", "full us", "windowed us", "full / windowed"]
-    res.add("attn", {"window": window, "headers": headers, "rows": rows},
-            f"## 3. Draft attention time vs context (one layer, W={window})\n\n"
-            "CUDA-graph replay medians (GPU time). Windowed = fused window-metadata "
-            "kernel + attention over the windowed table. q_len 1 = causal decode, "
-            "q_len 16 = non-causal DFlash block. Same run, same KV pool (random "
-            "block placement).\n\n" + md_table(headers, rows))
+    res.add(
+        "attn",
+        {"window": window, "headers": headers, "rows": rows},
+        f"## 3. Draft attention time vs context (one layer, W={window})\n\n"
+        "CUDA-graph replay medians (GPU time). Windowed = fused window-metadata "
+        "kernel + attention over the windowed table. q_len 1 = causal decode, "
+        "q_len 16 = non-causal DFlash block. Same run, same KV pool (random "
+        "block placement).\n\n" + md_table(headers, rows),
+    )
 
 
 def section_bw(res: Results, copy_gbps: Optional[float], quick: bool) -> None:
@@ -478,26 +631,67 @@ def section_bw(res: Results, copy_gbps: Optional[float], quick: bool) -> None:
             kc, vc = kv_cache(batch.num_blocks)
             q = torch.randn(batch.num_tokens, HQ, HEAD_DIM, device=DEV, dtype=DTYPE)
             kv_bytes = 2 * batch_size * ctx * HKV * HEAD_DIM * kc.element_size()
-            run = functools.partial(paged_attention_triton, q, kc, vc, batch.block_table,
-                                    batch.seq_lens, batch.query_start_loc, HEAD_DIM ** -0.5, True)
+            run = functools.partial(
+                paged_attention_triton,
+                q,
+                kc,
+                vc,
+                batch.block_table,
+                batch.seq_lens,
+                batch.query_start_loc,
+                HEAD_DIM**-0.5,
+                True,
+            )
             ms = bench_ms(run, graph=True)
-            cfg = choose_launch(batch.num_tokens, batch_size, HKV, HQ // HKV,
-                                batch.block_table.shape[1], BLOCK, q.device)
+            cfg = choose_launch(
+                batch.num_tokens,
+                batch_size,
+                HKV,
+                HQ // HKV,
+                batch.block_table.shape[1],
+                BLOCK,
+                q.device,
+            )
             gbps = kv_bytes / ms / 1e6
-            rows.append([batch_size, ctx, kv_bytes / 2 ** 30, ms * 1e3, gbps, gbps / copy_gbps,
-                         f"splits={cfg.num_splits} BLOCK_N={cfg.block_n} warps={cfg.num_warps} "
-                         f"stages={cfg.num_stages}"])
-            log(f"bw b={batch_size} ctx={ctx}: {ms * 1e3:.1f} us, {gbps:.0f} GB/s "
-                f"({gbps / copy_gbps:.0%} of copy)")
+            rows.append(
+                [
+                    batch_size,
+                    ctx,
+                    kv_bytes / 2**30,
+                    ms * 1e3,
+                    gbps,
+                    gbps / copy_gbps,
+                    f"splits={cfg.num_splits} BLOCK_N={cfg.block_n} warps={cfg.num_warps} "
+                    f"stages={cfg.num_stages}",
+                ]
+            )
+            log(
+                f"bw b={batch_size} ctx={ctx}: {ms * 1e3:.1f} us, {gbps:.0f} GB/s "
+                f"({gbps / copy_gbps:.0%} of copy)"
+            )
             if batch_size == B(32) and ctx == contexts[-1]:
                 for block_n, warps, stages, split_mult in (
-                        (32, 4, 3, 1), (64, 4, 2, 1), (64, 4, 4, 1), (64, 8, 3, 1),
-                        (128, 8, 3, 1), (128, 4, 2, 1), (64, 4, 3, 4), (64, 4, 3, 0.25)):
+                    (32, 4, 3, 1),
+                    (64, 4, 2, 1),
+                    (64, 4, 4, 1),
+                    (64, 8, 3, 1),
+                    (128, 8, 3, 1),
+                    (128, 4, 2, 1),
+                    (64, 4, 3, 4),
+                    (64, 4, 3, 0.25),
+                ):
                     splits = max(1, int(cfg.num_splits * split_mult))
                     try:
-                        t = bench_ms(functools.partial(run, num_splits=splits, block_n=block_n,
-                                                       num_warps=warps, num_stages=stages),
-                                     graph=True)
+                        t = bench_ms(
+                            functools.partial(
+                                run,
+                                num_splits=splits,
+                                block_n=block_n,
+                                num_warps=warps,
+                                num_stages=stages,
+                            ),
+                            graph=True,
+                        )
                         g = kv_bytes / t / 1e6
                         sweep.append([block_n, warps, stages, splits, t * 1e3, g, g / copy_gbps])
                     except Exception as exc:  # a config that does not compile is reported
@@ -507,13 +701,22 @@ def section_bw(res: Results, copy_gbps: Optional[float], quick: bool) -> None:
             free()
     headers = ["batch", "context", "KV GiB", "us", "GB/s", "of copy BW", "launch"]
     sweep_headers = ["BLOCK_N", "warps", "stages", "splits", "us", "GB/s", "of copy BW"]
-    res.add("bw", {"copy_GBps": copy_gbps, "headers": headers, "rows": rows,
-                   "sweep_headers": sweep_headers, "sweep": sweep},
-            "## 4. Paged attention bandwidth (full decode, causal, q_len 1)\n\n"
-            f"KV bytes read (K+V of every context token) / time, vs copy bandwidth "
-            f"{copy_gbps:.0f} GB/s measured in this run. Default launch heuristic:\n\n"
-            + md_table(headers, rows) + "\nLaunch sweep at batch 32, longest context:\n\n"
-            + md_table(sweep_headers, sweep))
+    res.add(
+        "bw",
+        {
+            "copy_GBps": copy_gbps,
+            "headers": headers,
+            "rows": rows,
+            "sweep_headers": sweep_headers,
+            "sweep": sweep,
+        },
+        "## 4. Paged attention bandwidth (full decode, causal, q_len 1)\n\n"
+        f"KV bytes read (K+V of every context token) / time, vs copy bandwidth "
+        f"{copy_gbps:.0f} GB/s measured in this run. Default launch heuristic:\n\n"
+        + md_table(headers, rows)
+        + "\nLaunch sweep at batch 32, longest context:\n\n"
+        + md_table(sweep_headers, sweep),
+    )
 
 
 def section_meta(res: Results) -> None:
@@ -521,45 +724,66 @@ def section_meta(res: Results) -> None:
 
     num_reqs, width, window = B(256), C(8192), C(2048)
     gen = torch.Generator(device=DEV).manual_seed(5)
-    seq_lens = torch.randint(1, width * BLOCK, (num_reqs,), generator=gen, device=DEV,
-                             dtype=torch.int32)
-    table = torch.randint(0, 10 ** 6, (num_reqs, width), generator=gen, device=DEV,
-                          dtype=torch.int32)
+    seq_lens = torch.randint(
+        1, width * BLOCK, (num_reqs,), generator=gen, device=DEV, dtype=torch.int32
+    )
+    table = torch.randint(0, 10**6, (num_reqs, width), generator=gen, device=DEV, dtype=torch.int32)
     fused = SlidingWindowAdapter(window, BLOCK, num_reqs, device=DEV, fused=True)
     eager = SlidingWindowAdapter(window, BLOCK, num_reqs, device=DEV, fused=False)
     a, b = fused.apply(seq_lens, table), eager.apply(seq_lens, table)
-    exact = (torch.equal(a.block_table, b.block_table) and torch.equal(a.seq_lens, b.seq_lens)
-             and torch.equal(a.start, b.start))
+    exact = (
+        torch.equal(a.block_table, b.block_table)
+        and torch.equal(a.seq_lens, b.seq_lens)
+        and torch.equal(a.start, b.start)
+    )
     rows = []
     for graph in (False, True):
         f_ms = bench_ms(lambda: fused.apply(seq_lens, table), graph)
         e_ms = bench_ms(lambda: eager.apply(seq_lens, table), graph)
-        rows.append(["CUDA graph replay (GPU time)" if graph else "eager launches (host incl.)",
-                     e_ms * 1e3, f_ms * 1e3, e_ms / f_ms])
-    launches = _count_kernels(lambda: fused.apply(seq_lens, table)), \
-        _count_kernels(lambda: eager.apply(seq_lens, table))
+        rows.append(
+            [
+                "CUDA graph replay (GPU time)" if graph else "eager launches (host incl.)",
+                e_ms * 1e3,
+                f_ms * 1e3,
+                e_ms / f_ms,
+            ]
+        )
+    launches = (
+        _count_kernels(lambda: fused.apply(seq_lens, table)),
+        _count_kernels(lambda: eager.apply(seq_lens, table)),
+    )
     headers = ["timing", "eager torch us", "fused Triton us", "eager / fused"]
-    res.add("meta", {"num_reqs": num_reqs, "width": width, "window": window, "exact": exact,
-                     "kernels_fused": launches[0], "kernels_eager": launches[1],
-                     "headers": headers, "rows": rows},
-            f"## 5. Window metadata: fused kernel vs eager torch reference\n\n"
-            f"{num_reqs} requests x {width}-block tables, W={window}, b={BLOCK}; "
-            f"`SlidingWindowAdapter.apply` with fused=True vs fused=False. Outputs identical: "
-            f"{exact}. GPU kernels per apply: fused {launches[0]}, eager {launches[1]}.\n\n"
-            + md_table(headers, rows))
+    res.add(
+        "meta",
+        {
+            "num_reqs": num_reqs,
+            "width": width,
+            "window": window,
+            "exact": exact,
+            "kernels_fused": launches[0],
+            "kernels_eager": launches[1],
+            "headers": headers,
+            "rows": rows,
+        },
+        f"## 5. Window metadata: fused kernel vs eager torch reference\n\n"
+        f"{num_reqs} requests x {width}-block tables, W={window}, b={BLOCK}; "
+        f"`SlidingWindowAdapter.apply` with fused=True vs fused=False. Outputs identical: "
+        f"{exact}. GPU kernels per apply: fused {launches[0]}, eager {launches[1]}.\n\n"
+        + md_table(headers, rows),
+    )
 
 
 def section_sinks(res: Results, sink_sizes: Sequence[int]) -> bool:
     """Windowed decode with attention sinks beside S = 0 (see the module docstring)."""
+    from dspark_compile.arithmetic.window import causal_window_metadata
     from dspark_compile.kernels.paged_attention import paged_attention_ref
     from dspark_compile.kernels.window_metadata import window_metadata_triton
-    from dspark_compile.arithmetic.window import causal_window_metadata
 
     window, batch_size = C(2048), B(32)
     contexts = [C(32768), C(131072)]
     pool = Paged([contexts[-1]] * batch_size, [1] * batch_size)
     kc, vc = kv_cache(pool.num_blocks, seed=4)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     rows, ok = [], True
     for ctx in contexts:
         lens = [max(ctx - 7 * i, 1) for i in range(batch_size)]
@@ -567,46 +791,91 @@ def section_sinks(res: Results, sink_sizes: Sequence[int]) -> bool:
         q = torch.randn(batch.num_tokens, HQ, HEAD_DIM, device=DEV, dtype=DTYPE)
         qsl = batch.query_start_loc
         for sink in [0] + [s for s in sink_sizes if s]:
+
             def decode_form(sink=sink):
-                wlens, _, table = window_metadata_triton(batch.seq_lens, batch.block_table,
-                                                         window, BLOCK, sink_size=sink)
-                return torch.ops.dspark.paged_attention(q, kc, vc, table, wlens, qsl, scale,
-                                                        True)
+                wlens, _, table = window_metadata_triton(
+                    batch.seq_lens, batch.block_table, window, BLOCK, sink_size=sink
+                )
+                return torch.ops.dspark.paged_attention(q, kc, vc, table, wlens, qsl, scale, True)
 
             def per_token_form(sink=sink):
                 wlens, table, offset = causal_window_metadata(
-                    batch.seq_lens, batch.block_table, qsl, window, BLOCK,
-                    max_query_len=batch.num_tokens, sink_size=sink)
-                return torch.ops.dspark.paged_attention(q, kc, vc, table, wlens, qsl, scale,
-                                                        True, offset, window, 0, sink)
+                    batch.seq_lens,
+                    batch.block_table,
+                    qsl,
+                    window,
+                    BLOCK,
+                    max_query_len=batch.num_tokens,
+                    sink_size=sink,
+                )
+                return torch.ops.dspark.paged_attention(
+                    q, kc, vc, table, wlens, qsl, scale, True, offset, window, 0, sink
+                )
 
-            want = paged_attention_ref(q, kc, vc, batch.block_table, batch.seq_lens, qsl,
-                                       scale, True, window_size=window,
-                                       sink_size=sink).float()
-            errs = [_relative_error(form().float(), want) for form in (decode_form,
-                                                                       per_token_form)]
+            want = paged_attention_ref(
+                q,
+                kc,
+                vc,
+                batch.block_table,
+                batch.seq_lens,
+                qsl,
+                scale,
+                True,
+                window_size=window,
+                sink_size=sink,
+            ).float()
+            errs = [_relative_error(form().float(), want) for form in (decode_form, per_token_form)]
             passed = all(not nan and rel < 1e-2 for rel, _, nan in errs)
             ok &= passed
             times = [bench_ms(form, graph=True) for form in (decode_form, per_token_form)]
-            rows.append([ctx, sink, -(-sink // BLOCK), errs[0][0], errs[1][0],
-                         times[0] * 1e3, times[1] * 1e3, "PASS" if passed else "FAIL"])
-            log(f"sinks ctx={ctx} S={sink}: decode {times[0] * 1e3:.1f} us, per-token "
-                f"{times[1] * 1e3:.1f} us, rel err {errs[0][0]:.1e}/{errs[1][0]:.1e}")
+            rows.append(
+                [
+                    ctx,
+                    sink,
+                    -(-sink // BLOCK),
+                    errs[0][0],
+                    errs[1][0],
+                    times[0] * 1e3,
+                    times[1] * 1e3,
+                    "PASS" if passed else "FAIL",
+                ]
+            )
+            log(
+                f"sinks ctx={ctx} S={sink}: decode {times[0] * 1e3:.1f} us, per-token "
+                f"{times[1] * 1e3:.1f} us, rel err {errs[0][0]:.1e}/{errs[1][0]:.1e}"
+            )
         del q
     del kc, vc
     free()
-    headers = ["context", "S tokens", "sink blocks", "rel err decode form",
-               "rel err per-token form", "decode form us", "per-token form us", "result"]
-    res.add("sinks", {"window": window, "batch": batch_size, "sink_sizes": list(sink_sizes),
-                      "headers": headers, "rows": rows, "all_pass": ok},
-            f"## 7. Windowed decode with attention sinks (batch {batch_size}, W={window}, "
-            f"b={BLOCK})\n\nOne layer, causal decode (q_len 1). Decode form: fused "
-            "window-metadata kernel (sink blocks in front of the window) + attention over "
-            "the windowed table; per-token form (what the compiled causal path runs): "
-            "`causal_window_metadata` + attention with `kv_offset`/`window_size`/"
-            "`sink_size`. Both checked against `paged_attention_ref` on the FULL table "
-            "with the same W and S (pass: rel err < 1e-2), then timed as CUDA-graph "
-            "replay medians (GPU time).\n\n" + md_table(headers, rows))
+    headers = [
+        "context",
+        "S tokens",
+        "sink blocks",
+        "rel err decode form",
+        "rel err per-token form",
+        "decode form us",
+        "per-token form us",
+        "result",
+    ]
+    res.add(
+        "sinks",
+        {
+            "window": window,
+            "batch": batch_size,
+            "sink_sizes": list(sink_sizes),
+            "headers": headers,
+            "rows": rows,
+            "all_pass": ok,
+        },
+        f"## 7. Windowed decode with attention sinks (batch {batch_size}, W={window}, "
+        f"b={BLOCK})\n\nOne layer, causal decode (q_len 1). Decode form: fused "
+        "window-metadata kernel (sink blocks in front of the window) + attention over "
+        "the windowed table; per-token form (what the compiled causal path runs): "
+        "`causal_window_metadata` + attention with `kv_offset`/`window_size`/"
+        "`sink_size`. Both checked against `paged_attention_ref` on the FULL table "
+        "with the same W and S (pass: rel err < 1e-2), then timed as CUDA-graph "
+        "replay medians (GPU time).\n\n" + md_table(headers, rows),
+    )
     return ok
 
 
@@ -629,14 +898,24 @@ def section_e2e(res: Results, quick: bool) -> bool:
     window, num_reqs, q_len, layers = C(2048), B(8), 16, 4
     hidden, inter = (64, 96) if SMOKE else (4096, 11008)
     log(f"e2e: {layers}-layer DFlash draft, batch {num_reqs}, q_len {q_len}, bf16")
-    model, cfg = _draft(dict(hidden_size=hidden, num_layers=layers, num_heads=HQ,
-                             num_kv_heads=HKV, head_dim=HEAD_DIM, intermediate_size=inter,
-                             causal=False))
+    model, cfg = _draft(
+        dict(
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=HQ,
+            num_kv_heads=HKV,
+            head_dim=HEAD_DIM,
+            intermediate_size=inter,
+            causal=False,
+        )
+    )
     max_ctx = C(131072)
-    contexts = {"32k": [C(32768) - 37 * i for i in range(num_reqs)],
-                "128k": [max_ctx - 37 * i for i in range(num_reqs)],
-                "32k+1": [C(32769) - 53 * i for i in range(num_reqs)],
-                "100k": [C(100000) + 11 * i for i in range(num_reqs)]}
+    contexts = {
+        "32k": [C(32768) - 37 * i for i in range(num_reqs)],
+        "128k": [max_ctx - 37 * i for i in range(num_reqs)],
+        "32k+1": [C(32769) - 53 * i for i in range(num_reqs)],
+        "100k": [C(100000) + 11 * i for i in range(num_reqs)],
+    }
     base = Paged(contexts["128k"], [q_len] * num_reqs, width=max_ctx // BLOCK + 1, seed=3)
     caches = [kv_cache(base.num_blocks, seed=10 + i) for i in range(layers)]
     for k, v in caches:
@@ -645,8 +924,10 @@ def section_e2e(res: Results, quick: bool) -> bool:
     from torch._dynamo.utils import counters
 
     rows, timing, ok, full_out = [], [], True, {}
-    for name, options in (("full", {}), ("windowed", {"draft_window_size": window,
-                                                      "method": "dflash"})):
+    for name, options in (
+        ("full", {}),
+        ("windowed", {"draft_window_size": window, "method": "dflash"}),
+    ):
         torch._dynamo.reset()
         counters.clear()
         compiled = _compile(model, mode="reduce-overhead", **options)
@@ -657,11 +938,14 @@ def section_e2e(res: Results, quick: bool) -> bool:
                 torch.compiler.cudagraph_mark_step_begin()
                 compiled(*_draft_args(model, cfg, base.with_seq_lens(contexts["32k"]), caches))
         sync()
-        log(f"e2e {name}: compiled + recorded in {time.time() - t0:.1f} s; "
-            f"cudagraph skips: {counters['inductor'].get('cudagraph_skips', 0)}")
+        log(
+            f"e2e {name}: compiled + recorded in {time.time() - t0:.1f} s; "
+            f"cudagraph skips: {counters['inductor'].get('cudagraph_skips', 0)}"
+        )
         for ctx_name in ("128k", "32k+1", "100k", "32k"):
-            args = _draft_args(model, cfg, base.with_seq_lens(contexts[ctx_name]), caches,
-                               seed=len(ctx_name))
+            args = _draft_args(
+                model, cfg, base.with_seq_lens(contexts[ctx_name]), caches, seed=len(ctx_name)
+            )
             sync()
             sync_error = ""
             with torch.no_grad():
@@ -688,12 +972,25 @@ def section_e2e(res: Results, quick: bool) -> bool:
                 rel, _, nan = _relative_error(got.float(), want.float())
                 if not options:
                     full_out[ctx_name] = got
-                effect = (_relative_error(got.float(), full_out[ctx_name].float())[0]
-                          if options and ctx_name in full_out else 0.0)
+                effect = (
+                    _relative_error(got.float(), full_out[ctx_name].float())[0]
+                    if options and ctx_name in full_out
+                    else 0.0
+                )
             passed = not sync_error and not nan and rel < 2e-2
             ok &= passed
-            rows.append([name, ctx_name, max(contexts[ctx_name]), rel, effect, nan,
-                         sync_error or "none", "PASS" if passed else "FAIL"])
+            rows.append(
+                [
+                    name,
+                    ctx_name,
+                    max(contexts[ctx_name]),
+                    rel,
+                    effect,
+                    nan,
+                    sync_error or "none",
+                    "PASS" if passed else "FAIL",
+                ]
+            )
             log(f"e2e {name} {ctx_name}: rel {rel:.2e} sync_error={sync_error!r}")
         for ctx_name in ("32k", "128k"):
             args = _draft_args(model, cfg, base.with_seq_lens(contexts[ctx_name]), caches)
@@ -711,39 +1008,73 @@ def section_e2e(res: Results, quick: bool) -> bool:
         del compiled
         torch._dynamo.reset()
     by = {(n, c): ms for n, c, ms in timing}
-    trows = [[c, by[("full", c)], by[("windowed", c)], by[("full", c)] / by[("windowed", c)]]
-             for c in ("32k", "128k")]
-    headers = ["variant", "contexts", "max ctx", "rel err vs eager ref",
-               "rel diff vs full output", "NaN", "host sync inside step", "result"]
+    trows = [
+        [c, by[("full", c)], by[("windowed", c)], by[("full", c)] / by[("windowed", c)]]
+        for c in ("32k", "128k")
+    ]
+    headers = [
+        "variant",
+        "contexts",
+        "max ctx",
+        "rel err vs eager ref",
+        "rel diff vs full output",
+        "NaN",
+        "host sync inside step",
+        "result",
+    ]
     theaders = ["context", "full step ms", "windowed step ms", "full / windowed"]
-    res.add("e2e", {"layers": layers, "batch": num_reqs, "q_len": q_len, "window": window,
-                    "headers": headers, "rows": rows, "timing_headers": theaders,
-                    "timing": trows, "all_pass": ok},
-            f"## 6. Whole compiled draft step, mode=\"reduce-overhead\" (CUDA graphs)\n\n"
-            f"{layers}-layer DFlash reference draft (hidden {hidden}, MLP {inter}, Hq={HQ}, "
-            f"Hkv={HKV}, D={HEAD_DIM}, bf16), batch {num_reqs} x q_len {q_len} "
-            f"(non-causal), W={window}, one compiled graph per variant (block table "
-            f"{max_ctx // BLOCK + 1} columns wide, KV caches static addresses). Each "
-            "step below replays the graph with NEW seq_lens/positions/slots under "
-            "`torch.cuda.set_sync_debug_mode('error')`, compared with the eager model "
-            "using the torch reference attention (masked on the full table).\n\n"
-            + md_table(headers, rows) + "\nStep time (median of back-to-back replays, host "
-            "included):\n\n" + md_table(theaders, trows))
+    res.add(
+        "e2e",
+        {
+            "layers": layers,
+            "batch": num_reqs,
+            "q_len": q_len,
+            "window": window,
+            "headers": headers,
+            "rows": rows,
+            "timing_headers": theaders,
+            "timing": trows,
+            "all_pass": ok,
+        },
+        f'## 6. Whole compiled draft step, mode="reduce-overhead" (CUDA graphs)\n\n'
+        f"{layers}-layer DFlash reference draft (hidden {hidden}, MLP {inter}, Hq={HQ}, "
+        f"Hkv={HKV}, D={HEAD_DIM}, bf16), batch {num_reqs} x q_len {q_len} "
+        f"(non-causal), W={window}, one compiled graph per variant (block table "
+        f"{max_ctx // BLOCK + 1} columns wide, KV caches static addresses). Each "
+        "step below replays the graph with NEW seq_lens/positions/slots under "
+        "`torch.cuda.set_sync_debug_mode('error')`, compared with the eager model "
+        "using the torch reference attention (masked on the full table).\n\n"
+        + md_table(headers, rows)
+        + "\nStep time (median of back-to-back replays, host "
+        "included):\n\n" + md_table(theaders, trows),
+    )
     return ok
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sections", default=",".join(ALL_SECTIONS),
-                        help=f"comma-separated subset of {', '.join(ALL_SECTIONS)}")
-    parser.add_argument("--out", default=os.environ.get("OUT"),
-                        help="directory for results.md/results.json (default: $OUT)")
+    parser.add_argument(
+        "--sections",
+        default=",".join(ALL_SECTIONS),
+        help=f"comma-separated subset of {', '.join(ALL_SECTIONS)}",
+    )
+    parser.add_argument(
+        "--out",
+        default=os.environ.get("OUT"),
+        help="directory for results.md/results.json (default: $OUT)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer sizes (smoke test)")
-    parser.add_argument("--sink-size", default="16,64",
-                        help="comma-separated attention-sink sizes in tokens for the sinks "
-                             "section (default 16,64: 1 and 4 blocks of 16)")
-    parser.add_argument("--smoke-cpu", action="store_true",
-                        help="tiny sizes on the CPU (Triton interpreter): checks the script only")
+    parser.add_argument(
+        "--sink-size",
+        default="16,64",
+        help="comma-separated attention-sink sizes in tokens for the sinks "
+        "section (default 16,64: 1 and 4 blocks of 16)",
+    )
+    parser.add_argument(
+        "--smoke-cpu",
+        action="store_true",
+        help="tiny sizes on the CPU (Triton interpreter): checks the script only",
+    )
     args = parser.parse_args(argv)
     global DEV, SCALE, BATCH_CAP, SMOKE, HQ, HKV, HEAD_DIM
     if args.smoke_cpu:
@@ -755,8 +1086,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError:
         sink_sizes = [-1]
     if any(s < 0 for s in sink_sizes):
-        parser.error(f"--sink-size {args.sink_size!r} is invalid: expected comma-separated "
-                     "non-negative ints (tokens)")
+        parser.error(
+            f"--sink-size {args.sink_size!r} is invalid: expected comma-separated "
+            "non-negative ints (tokens)"
+        )
     unknown = sorted(set(sections) - set(ALL_SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {unknown}: expected some of {', '.join(ALL_SECTIONS)}")
@@ -794,8 +1127,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             traceback.print_exc()
             status[section] = False
-            res.add(section + "_error", {"error": repr(exc)},
-                    f"## {section}: ERROR\n\n```\n{traceback.format_exc()[-3000:]}\n```\n")
+            res.add(
+                section + "_error",
+                {"error": repr(exc)},
+                f"## {section}: ERROR\n\n```\n{traceback.format_exc()[-3000:]}\n```\n",
+            )
         log(f"section {section} done in {time.time() - t0:.1f} s")
     res.data["status"] = status
     res.flush()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
@@ -50,10 +49,12 @@ sys.path.insert(0, str(ROOT))
 SETTINGS = ("nospec", "off", "w1x", "w2x")
 FAMILIES = ("draft_model", "eagle")
 SPEC_PREFIX = "vllm:spec_decode"
-HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
-              "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-              "decode": "vllm:request_decode_time_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds"}
+HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "decode": "vllm:request_decode_time_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
 ENGINE_START_ESTIMATE_S = 60.0
 OUR_LOOP_RESERVE_S = 100.0
 
@@ -69,13 +70,13 @@ def snapshot(metrics: Iterable) -> dict:
     out: dict = {}
     for m in metrics:
         name = m.name
-        if hasattr(m, "values"):                       # Vector
+        if hasattr(m, "values"):  # Vector
             prev = out.get(name, [0] * len(m.values))
             out[name] = [a + b for a, b in zip(prev, m.values)] if prev else list(m.values)
-        elif hasattr(m, "buckets"):                    # Histogram
+        elif hasattr(m, "buckets"):  # Histogram
             prev = out.get(name, {"count": 0, "sum": 0.0})
             out[name] = {"count": prev["count"] + m.count, "sum": prev["sum"] + m.sum}
-        elif hasattr(m, "value"):                      # Counter / Gauge
+        elif hasattr(m, "value"):  # Counter / Gauge
             out[name] = out.get(name, 0) + m.value
     return out
 
@@ -111,7 +112,8 @@ def cell_stats(d: dict, num_spec: int) -> dict:
     accepted = d.get(f"{SPEC_PREFIX}_num_accepted_tokens", 0)
     per_pos = d.get(f"{SPEC_PREFIX}_num_accepted_tokens_per_pos") or [0] * num_spec
     return {
-        "drafts": drafts, "accepted": accepted,
+        "drafts": drafts,
+        "accepted": accepted,
         "draft_tokens": d.get(f"{SPEC_PREFIX}_num_draft_tokens", 0),
         "accepted_per_pos": per_pos,
         "acceptance_length": 1.0 + accepted / drafts if drafts else None,
@@ -152,23 +154,35 @@ def summarize(cells: list[dict]) -> list[dict]:
         row["acceptance_length_std"] = _mean_std([c.get("acceptance_length") for c in group])[1]
         if drafts:
             width = max(len(c.get("accepted_per_pos") or []) for c in group)
-            pos = [sum((c.get("accepted_per_pos") or [0] * width)[i] for c in group)
-                   for i in range(width)]
+            pos = [
+                sum((c.get("accepted_per_pos") or [0] * width)[i] for c in group)
+                for i in range(width)
+            ]
             row["acceptance_per_pos"] = [p / drafts for p in pos]
         else:
             row["acceptance_per_pos"] = None
         row["lossless"] = group[0].get("lossless")
         rows.append(row)
     order = {s: i for i, s in enumerate(SETTINGS)}
-    rows.sort(key=lambda r: (r["family"], r["batch"], r["temperature"],
-                             order.get(r["setting"], 9), r["context"]))
+    rows.sort(
+        key=lambda r: (
+            r["family"],
+            r["batch"],
+            r["temperature"],
+            order.get(r["setting"], 9),
+            r["context"],
+        )
+    )
     return rows
 
 
 def check_lossless(cells: list[dict]) -> None:
     """Mark greedy speculative cells (first repeat) ``lossless`` = tokens equal nospec's."""
-    ref = {(c["context"], c["batch"]): c["tokens"] for c in cells
-           if c["setting"] == "nospec" and c["temperature"] == 0 and c.get("tokens") is not None}
+    ref = {
+        (c["context"], c["batch"]): c["tokens"]
+        for c in cells
+        if c["setting"] == "nospec" and c["temperature"] == 0 and c.get("tokens") is not None
+    }
     for c in cells:
         if c["setting"] == "nospec" or c["temperature"] != 0 or c.get("tokens") is None:
             continue
@@ -192,22 +206,31 @@ def markdown(result: dict) -> str:
     meta = result["meta"]
     rows = result["summary"]
     contexts = sorted({r["context"] for r in rows})
-    lines = [f"# vLLM engine benchmark of the draft window ({meta.get('device', '?')})", "",
-             f"{meta.get('date_utc')}; git {meta.get('git_commit')}; "
-             + ", ".join(f"{k} {v}" for k, v in sorted(meta.get("versions", {}).items())) + ".",
-             f"Pair: {meta.get('pair')}; drafts trained at {meta.get('draft_context')} tokens, "
-             f"target at {meta.get('target_context')}; K={meta.get('num_speculative_tokens')}, "
-             f"{meta.get('new_tokens')} new tokens per request, dtype {meta.get('dtype')}, "
-             f"max_model_len {meta.get('max_model_len')}; mean +- std over "
-             f"{meta.get('repeats')} repeats.", ""]
-    for title, key, digits in (("Output tokens/s (all requests, wall time of generate)",
-                                "tokens_per_s", 0),
-                               ("Mean acceptance length (1 + accepted / drafts)",
-                                "acceptance_length", 2),
-                               ("TTFT (s)", "ttft_s", 3), ("ITL (ms)", "itl_ms", 2)):
-        lines += [f"## {title}", "",
-                  "| family | batch | T | setting | " + " | ".join(map(str, contexts)) + " |",
-                  "|---|---:|---:|---|" + "---:|" * len(contexts)]
+    lines = [
+        f"# vLLM engine benchmark of the draft window ({meta.get('device', '?')})",
+        "",
+        f"{meta.get('date_utc')}; git {meta.get('git_commit')}; "
+        + ", ".join(f"{k} {v}" for k, v in sorted(meta.get("versions", {}).items()))
+        + ".",
+        f"Pair: {meta.get('pair')}; drafts trained at {meta.get('draft_context')} tokens, "
+        f"target at {meta.get('target_context')}; K={meta.get('num_speculative_tokens')}, "
+        f"{meta.get('new_tokens')} new tokens per request, dtype {meta.get('dtype')}, "
+        f"max_model_len {meta.get('max_model_len')}; mean +- std over "
+        f"{meta.get('repeats')} repeats.",
+        "",
+    ]
+    for title, key, digits in (
+        ("Output tokens/s (all requests, wall time of generate)", "tokens_per_s", 0),
+        ("Mean acceptance length (1 + accepted / drafts)", "acceptance_length", 2),
+        ("TTFT (s)", "ttft_s", 3),
+        ("ITL (ms)", "itl_ms", 2),
+    ):
+        lines += [
+            f"## {title}",
+            "",
+            "| family | batch | T | setting | " + " | ".join(map(str, contexts)) + " |",
+            "|---|---:|---:|---|" + "---:|" * len(contexts),
+        ]
         seen = []
         for r in rows:
             k = (r["family"], r["batch"], r["temperature"], r["setting"])
@@ -216,8 +239,12 @@ def markdown(result: dict) -> str:
         for k in seen:
             cells = []
             for c in contexts:
-                match = [r for r in rows if (r["family"], r["batch"], r["temperature"],
-                                             r["setting"]) == k and r["context"] == c]
+                match = [
+                    r
+                    for r in rows
+                    if (r["family"], r["batch"], r["temperature"], r["setting"]) == k
+                    and r["context"] == c
+                ]
                 if not match:
                     cells.append("")
                     continue
@@ -233,24 +260,39 @@ def markdown(result: dict) -> str:
                 cells.append(text)
             lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## Engines", "", "| family | setting | window | start s | KV cache tokens | "
-              "peak GPU memory GiB | cells |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "## Engines",
+        "",
+        "| family | setting | window | start s | KV cache tokens | peak GPU memory GiB | cells |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for e in result.get("engines", []):
         mem = e.get("peak_memory_bytes")
-        lines.append(f"| {e['family']} | {e['setting']} | {e.get('window') or '-'} | "
-                     f"{_fmt(e.get('init_s'), None, 0)} | {e.get('kv_cache_tokens') or '-'} | "
-                     f"{_fmt(mem / 2**30 if mem else None)} | {e.get('cells', 0)} |")
+        lines.append(
+            f"| {e['family']} | {e['setting']} | {e.get('window') or '-'} | "
+            f"{_fmt(e.get('init_s'), None, 0)} | {e.get('kv_cache_tokens') or '-'} | "
+            f"{_fmt(mem / 2**30 if mem else None)} | {e.get('cells', 0)} |"
+        )
     loop = result.get("our_loop")
     if loop:
-        lines += ["", "## Our loop vs vLLM (greedy, batch 1, same weights and prompts)", "",
-                  "| family | setting | context | tau (our loop) | acceptance length (vLLM) |",
-                  "|---|---|---:|---:|---:|"]
-        vllm_rows = {(r["family"], r["setting"], r["context"]): r for r in rows
-                     if r["batch"] == 1 and r["temperature"] == 0}
+        lines += [
+            "",
+            "## Our loop vs vLLM (greedy, batch 1, same weights and prompts)",
+            "",
+            "| family | setting | context | tau (our loop) | acceptance length (vLLM) |",
+            "|---|---|---:|---:|---:|",
+        ]
+        vllm_rows = {
+            (r["family"], r["setting"], r["context"]): r
+            for r in rows
+            if r["batch"] == 1 and r["temperature"] == 0
+        }
         for r in loop:
             v = vllm_rows.get((r["family"], r["setting"], r["context"]))
-            lines.append(f"| {r['family']} | {r['setting']} | {r['context']} | "
-                         f"{_fmt(r['tau'])} | {_fmt(v['acceptance_length'] if v else None)} |")
+            lines.append(
+                f"| {r['family']} | {r['setting']} | {r['context']} | "
+                f"{_fmt(r['tau'])} | {_fmt(v['acceptance_length'] if v else None)} |"
+            )
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
@@ -258,6 +300,7 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -266,32 +309,52 @@ def plot(result: dict, path: Path) -> None:
         return
     families = sorted({r["family"] for r in rows if r["setting"] != "nospec"}) or ["draft_model"]
     batches = sorted({r["batch"] for r in rows})
-    fig, axes = plt.subplots(2, max(1, len(families) * len(batches)), squeeze=False,
-                             figsize=(5 * len(families) * len(batches), 8))
+    fig, axes = plt.subplots(
+        2,
+        max(1, len(families) * len(batches)),
+        squeeze=False,
+        figsize=(5 * len(families) * len(batches), 8),
+    )
     for col, (family, batch) in enumerate((f, b) for f in families for b in batches):
         for setting in SETTINGS:
-            sel = sorted((r for r in rows if r["batch"] == batch and r["setting"] == setting
-                          and (r["family"] == family or setting == "nospec")),
-                         key=lambda r: r["context"])
+            sel = sorted(
+                (
+                    r
+                    for r in rows
+                    if r["batch"] == batch
+                    and r["setting"] == setting
+                    and (r["family"] == family or setting == "nospec")
+                ),
+                key=lambda r: r["context"],
+            )
             if not sel:
                 continue
             xs = [r["context"] for r in sel]
-            axes[0][col].errorbar(xs, [r["tokens_per_s"] or 0 for r in sel],
-                                  yerr=[r["tokens_per_s_std"] or 0 for r in sel],
-                                  marker="o", label=setting, capsize=3)
+            axes[0][col].errorbar(
+                xs,
+                [r["tokens_per_s"] or 0 for r in sel],
+                yerr=[r["tokens_per_s_std"] or 0 for r in sel],
+                marker="o",
+                label=setting,
+                capsize=3,
+            )
             if setting != "nospec":
-                axes[1][col].plot(xs, [r["acceptance_length"] or 0 for r in sel], marker="o",
-                                  label=setting)
-        for ax, ylabel in ((axes[0][col], "output tokens/s"),
-                           (axes[1][col], "mean acceptance length")):
+                axes[1][col].plot(
+                    xs, [r["acceptance_length"] or 0 for r in sel], marker="o", label=setting
+                )
+        for ax, ylabel in (
+            (axes[0][col], "output tokens/s"),
+            (axes[1][col], "mean acceptance length"),
+        ):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("context (prompt tokens)")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{family}, batch {batch}, greedy")
             ax.grid(alpha=0.3)
             ax.legend()
-    fig.suptitle(f"draft window in vLLM: {result['meta'].get('device')}, "
-                 f"{result['meta'].get('date_utc')}")
+    fig.suptitle(
+        f"draft window in vLLM: {result['meta'].get('device')}, {result['meta'].get('date_utc')}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -299,19 +362,30 @@ def plot(result: dict, path: Path) -> None:
 # ---------------------------------------------------------------- engine worker
 def engine_kwargs(spec: dict) -> dict:
     """``vllm.LLM`` arguments of one engine: the README's configuration."""
-    kwargs = dict(model=spec["target"], skip_tokenizer_init=True, dtype=spec["dtype"],
-                  max_model_len=spec["max_model_len"], max_num_seqs=spec["max_num_seqs"],
-                  seed=0, disable_log_stats=False,
-                  gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.9),
-                  compilation_config={
-                      "inductor_passes": {"post_grad_custom_post_pass":
-                                          "dspark_compile_vllm.draft_window_pass"},
-                      "splitting_ops": []})
+    kwargs = dict(
+        model=spec["target"],
+        skip_tokenizer_init=True,
+        dtype=spec["dtype"],
+        max_model_len=spec["max_model_len"],
+        max_num_seqs=spec["max_num_seqs"],
+        seed=0,
+        disable_log_stats=False,
+        gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.9),
+        compilation_config={
+            "inductor_passes": {
+                "post_grad_custom_post_pass": "dspark_compile_vllm.draft_window_pass"
+            },
+            "splitting_ops": [],
+        },
+    )
     if spec.get("block_size"):
         kwargs["block_size"] = spec["block_size"]
     if spec["setting"] != "nospec":
-        speculative = {"method": spec["method"], "model": spec["draft"],
-                       "num_speculative_tokens": spec["num_speculative_tokens"]}
+        speculative = {
+            "method": spec["method"],
+            "model": spec["draft"],
+            "num_speculative_tokens": spec["num_speculative_tokens"],
+        }
         if spec.get("draft_attention_backend"):
             speculative["attention_backend"] = spec["draft_attention_backend"]
         kwargs["speculative_config"] = speculative
@@ -321,7 +395,7 @@ def engine_kwargs(spec: dict) -> dict:
 
 
 def run_worker(spec_path: Path, out_path: Path) -> None:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # engine core in this process
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec = json.loads(spec_path.read_text())
     from vllm import LLM, SamplingParams
@@ -335,8 +409,13 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
         kv_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
     except Exception:  # noqa: BLE001  (not exposed by this vLLM)
         pass
-    engine = {"family": spec["family"], "setting": spec["setting"], "window": spec.get("window"),
-              "init_s": init_s, "kv_cache_tokens": kv_tokens}
+    engine = {
+        "family": spec["family"],
+        "setting": spec["setting"],
+        "window": spec.get("window"),
+        "init_s": init_s,
+        "kv_cache_tokens": kv_tokens,
+    }
 
     def write(cells, done):
         engine["peak_memory_bytes"] = _peak_memory()
@@ -348,12 +427,16 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
     k = spec["num_speculative_tokens"]
     cells: list[dict] = []
     write(cells, False)
-    log(f"{spec['family']}/{spec['setting']}: engine up in {init_s:.0f} s "
-        f"(KV cache {kv_tokens} tokens)")
+    log(
+        f"{spec['family']}/{spec['setting']}: engine up in {init_s:.0f} s "
+        f"(KV cache {kv_tokens} tokens)"
+    )
     # warm-up (not recorded): one short request
-    llm.generate([{"prompt_token_ids": prompts[str(spec["contexts"][0])][0]}],
-                 SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False),
-                 use_tqdm=False)
+    llm.generate(
+        [{"prompt_token_ids": prompts[str(spec["contexts"][0])][0]}],
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False),
+        use_tqdm=False,
+    )
     for temperature in spec["temperatures"]:
         for batch in spec["batches"]:
             for context in spec["contexts"]:
@@ -369,18 +452,26 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
                     else:
                         ids = [pool[i % len(pool)] for i in range(batch)]
                         first = 0
-                    params = [SamplingParams(temperature=temperature, max_tokens=spec["new_tokens"],
-                                             ignore_eos=True, detokenize=False,
-                                             seed=(1000 * repeat + first + i) if temperature else None)
-                              for i in range(len(ids))]
+                    params = [
+                        SamplingParams(
+                            temperature=temperature,
+                            max_tokens=spec["new_tokens"],
+                            ignore_eos=True,
+                            detokenize=False,
+                            seed=(1000 * repeat + first + i) if temperature else None,
+                        )
+                        for i in range(len(ids))
+                    ]
                     before = snapshot(llm.get_metrics())
                     t0 = time.perf_counter()
                     try:
-                        outputs = llm.generate([{"prompt_token_ids": p} for p in ids], params,
-                                               use_tqdm=False)
+                        outputs = llm.generate(
+                            [{"prompt_token_ids": p} for p in ids], params, use_tqdm=False
+                        )
                     except Exception as error:  # noqa: BLE001  (recorded; next cell)
                         engine.setdefault("errors", []).append(
-                            f"T={temperature} B={batch} ctx={context}: {error!r}")
+                            f"T={temperature} B={batch} ctx={context}: {error!r}"
+                        )
                         log(f"cell failed: {engine['errors'][-1]}")
                         break
                     wall = time.perf_counter() - t0
@@ -388,20 +479,34 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
                     tokens = [list(o.outputs[0].token_ids) for o in outputs]
                     n_out = sum(len(t) for t in tokens)
                     stats = cell_stats(d, k)
-                    cell = {"family": spec["family"], "setting": spec["setting"],
-                            "window": spec.get("window"), "context": context, "batch": batch,
-                            "temperature": temperature, "repeat": repeat, "wall_s": wall,
-                            "output_tokens": n_out, "tokens_per_s": n_out / wall, **stats,
-                            "decode_tokens_per_s": ((spec["new_tokens"] - 1) / stats["decode_s"]
-                                                    if stats["decode_s"] else None)}
+                    cell = {
+                        "family": spec["family"],
+                        "setting": spec["setting"],
+                        "window": spec.get("window"),
+                        "context": context,
+                        "batch": batch,
+                        "temperature": temperature,
+                        "repeat": repeat,
+                        "wall_s": wall,
+                        "output_tokens": n_out,
+                        "tokens_per_s": n_out / wall,
+                        **stats,
+                        "decode_tokens_per_s": (
+                            (spec["new_tokens"] - 1) / stats["decode_s"]
+                            if stats["decode_s"]
+                            else None
+                        ),
+                    }
                     # tokens for the losslessness check: greedy, batch 1 every repeat
                     # (different prompts), batch B the first repeat
                     if temperature == 0 and (batch == 1 or repeat == 0):
                         cell["tokens"] = tokens
                     cells.append(cell)
-                    log(f"{spec['family']}/{spec['setting']} T={temperature} B={batch} "
+                    log(
+                        f"{spec['family']}/{spec['setting']} T={temperature} B={batch} "
                         f"ctx={context} r{repeat}: {cell['tokens_per_s']:.0f} tok/s, "
-                        f"acceptance length {_fmt(stats['acceptance_length'])}")
+                        f"acceptance length {_fmt(stats['acceptance_length'])}"
+                    )
                 write(cells, False)
     write(cells, True)
 
@@ -409,6 +514,7 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
 def _peak_memory() -> Optional[int]:
     try:
         import torch
+
         if torch.cuda.is_available():
             return int(torch.cuda.max_memory_reserved())
     except Exception:  # noqa: BLE001
@@ -428,8 +534,10 @@ def run_our_loop(spec_path: Path, out_path: Path) -> None:
     device = torch.device(spec["device"])
     pair = Path(spec["pair"])
     target = hf_export.load_llama(pair / "target").to(device)
-    drafts = {"draft_model": lambda: hf_export.load_llama(pair / "draft").to(device),
-              "eagle": lambda: hf_export.load_eagle(pair / "eagle", target.cpu()).to(device)}
+    drafts = {
+        "draft_model": lambda: hf_export.load_llama(pair / "draft").to(device),
+        "eagle": lambda: hf_export.load_eagle(pair / "eagle", target.cpu()).to(device),
+    }
     target = target.to(device)
     rows = []
     k = spec["num_speculative_tokens"]
@@ -441,21 +549,36 @@ def run_our_loop(spec_path: Path, out_path: Path) -> None:
                 break
             torch._dynamo.reset()
             fn = compile_draft(draft, window, None, lowering)
-            decoder = SpeculativeDecoder(target, draft, num_speculative_tokens=k, draft_fn=fn,
-                                         block_size=16, max_len=spec["max_len"])
+            decoder = SpeculativeDecoder(
+                target,
+                draft,
+                num_speculative_tokens=k,
+                draft_fn=fn,
+                block_size=16,
+                max_len=spec["max_len"],
+            )
             for context in spec["contexts"]:
                 if time.time() > spec["deadline"]:
                     break
                 accepted = []
-                for p in spec["prompts"][str(context)][:spec["repeats"]]:
+                for p in spec["prompts"][str(context)][: spec["repeats"]]:
                     r = decoder.generate(torch.tensor(p, device=device), spec["new_tokens"])
                     accepted += r.accepted
                 tau = 1.0 + sum(accepted) / max(len(accepted), 1)
-                rows.append({"family": family, "setting": setting, "window": window,
-                             "context": context, "tau": tau, "rounds": len(accepted),
-                             "acceptance_per_pos": [sum(a >= j for a in accepted) /
-                                                    max(len(accepted), 1)
-                                                    for j in range(1, k + 1)]})
+                rows.append(
+                    {
+                        "family": family,
+                        "setting": setting,
+                        "window": window,
+                        "context": context,
+                        "tau": tau,
+                        "rounds": len(accepted),
+                        "acceptance_per_pos": [
+                            sum(a >= j for a in accepted) / max(len(accepted), 1)
+                            for j in range(1, k + 1)
+                        ],
+                    }
+                )
                 log(f"our loop {family}/{setting} ctx={context}: tau {tau:.2f}")
                 out_path.write_text(json.dumps(rows))
     out_path.write_text(json.dumps(rows))
@@ -465,13 +588,18 @@ def run_our_loop(spec_path: Path, out_path: Path) -> None:
 def _versions_commit() -> tuple[dict, str]:
     sys.path.insert(0, str(HERE))
     from train_engine_pair import git_commit, versions
+
     return versions(), git_commit()
 
 
 def _device() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError):
@@ -479,17 +607,25 @@ def _device() -> str:
     return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
 
 
-def _child(mode: str, spec: dict, workdir: Path, name: str, timeout: float) -> Optional[dict | list]:
+def _child(
+    mode: str, spec: dict, workdir: Path, name: str, timeout: float
+) -> Optional[dict | list]:
     spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p),
+    )
     log_path = workdir / f"{name}.log"
     t0 = time.time()
     with open(log_path, "w") as f:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), mode,
-                                 str(spec_path), str(out_path)], stdout=f,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), mode, str(spec_path), str(out_path)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             rc = proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
@@ -526,18 +662,32 @@ def main(argv=None) -> int:
     parser.add_argument("--num-speculative-tokens", type=int, default=5)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="default: the pair's max_model_len")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="default: the pair's max_model_len"
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--draft-attention-backend", default=None,
-                        help="speculative_config['attention_backend'] (e.g. FLASH_ATTN)")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="reuse the nospec cells of an earlier result JSON")
+    parser.add_argument(
+        "--draft-attention-backend",
+        default=None,
+        help="speculative_config['attention_backend'] (e.g. FLASH_ATTN)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="reuse the nospec cells of an earlier result JSON",
+    )
     parser.add_argument("--max-seconds", type=float, default=560.0)
-    parser.add_argument("--our-loop", action="store_true",
-                        help="also run dspark_compile.speculative's loop (greedy, batch 1)")
-    parser.add_argument("--our-loop-only", action="store_true",
-                        help="run no engine, only our loop (then --baseline is ignored)")
+    parser.add_argument(
+        "--our-loop",
+        action="store_true",
+        help="also run dspark_compile.speculative's loop (greedy, batch 1)",
+    )
+    parser.add_argument(
+        "--our-loop-only",
+        action="store_true",
+        help="run no engine, only our loop (then --baseline is ignored)",
+    )
     parser.add_argument("--our-loop-device", default=None)
     parser.add_argument("--plot-only", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -554,8 +704,11 @@ def main(argv=None) -> int:
     pair = args.pair.resolve()
     report = json.loads((pair / "train_report.json").read_text())
     prompts = json.loads((pair / "prompts.json").read_text())["prompts"]
-    contexts = ([int(c) for c in args.contexts.split(",")] if args.contexts
-                else [int(c) for c in sorted(prompts, key=int)])
+    contexts = (
+        [int(c) for c in args.contexts.split(",")]
+        if args.contexts
+        else [int(c) for c in sorted(prompts, key=int)]
+    )
     families = [f for f in args.families.split(",") if f]
     settings = [s for s in args.settings.split(",") if s]
     for f in families:
@@ -572,20 +725,35 @@ def main(argv=None) -> int:
         if len(prompts[str(c)]) < min(need, args.repeats):
             log(f"context {c}: {len(prompts[str(c)])} prompts (requests reuse them cyclically)")
     vers, commit = _versions_commit()
-    result = {"meta": {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": _device(), "versions": vers, "git_commit": commit,
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "pair": str(args.pair), "pair_git_commit": report.get("git_commit"),
-        "draft_context": c0, "target_context": report.get("target_context"),
-        "contexts": contexts, "batches": batches, "repeats": args.repeats,
-        "new_tokens": args.new_tokens, "num_speculative_tokens": args.num_speculative_tokens,
-        "dtype": args.dtype, "max_model_len": args.max_model_len or report["max_model_len"],
-        "windows": windows,
-        "engine_config": "vllm.LLM(speculative_config=..., compilation_config={'inductor_passes':"
-                         " {'post_grad_custom_post_pass': 'dspark_compile_vllm.draft_window_pass'},"
-                         " 'splitting_ops': []}, additional_config={'draft_window_size': W})"},
-        "engines": [], "cells": [], "summary": [], "notes": []}
+    result = {
+        "meta": {
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": _device(),
+            "versions": vers,
+            "git_commit": commit,
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "pair": str(args.pair),
+            "pair_git_commit": report.get("git_commit"),
+            "draft_context": c0,
+            "target_context": report.get("target_context"),
+            "contexts": contexts,
+            "batches": batches,
+            "repeats": args.repeats,
+            "new_tokens": args.new_tokens,
+            "num_speculative_tokens": args.num_speculative_tokens,
+            "dtype": args.dtype,
+            "max_model_len": args.max_model_len or report["max_model_len"],
+            "windows": windows,
+            "engine_config": "vllm.LLM(speculative_config=..., compilation_config="
+            "{'inductor_passes': {'post_grad_custom_post_pass': "
+            "'dspark_compile_vllm.draft_window_pass'},"
+            " 'splitting_ops': []}, additional_config={'draft_window_size': W})",
+        },
+        "engines": [],
+        "cells": [],
+        "summary": [],
+        "notes": [],
+    }
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     workdir = out.with_suffix(".work")
@@ -618,48 +786,62 @@ def main(argv=None) -> int:
             log(msg)
             result["notes"].append(msg)
             continue
-        spec = {"family": family, "setting": setting, "window": windows[setting],
-                "target": str(pair / "target"),
-                "draft": str(pair / ("eagle" if family == "eagle" else "draft")),
-                "method": "eagle" if family == "eagle" else "draft_model",
-                "num_speculative_tokens": args.num_speculative_tokens, "dtype": args.dtype,
-                "block_size": args.block_size,
-                "max_model_len": args.max_model_len or report["max_model_len"],
-                "max_num_seqs": max(batches), "gpu_memory_utilization": args.gpu_memory_utilization,
-                "draft_attention_backend": args.draft_attention_backend,
-                "contexts": contexts, "batches": batches,
-                "temperatures": [float(t) for t in args.temperatures.split(",")],
-                "repeats": args.repeats, "new_tokens": args.new_tokens,
-                "prompts": {str(c): prompts[str(c)] for c in contexts},
-                "deadline": time.time() + share - 15}
-        log(f"engine {family}/{setting} (window {windows[setting]}), {remaining:.0f} s left, "
-            f"{share:.0f} s for this engine")
+        spec = {
+            "family": family,
+            "setting": setting,
+            "window": windows[setting],
+            "target": str(pair / "target"),
+            "draft": str(pair / ("eagle" if family == "eagle" else "draft")),
+            "method": "eagle" if family == "eagle" else "draft_model",
+            "num_speculative_tokens": args.num_speculative_tokens,
+            "dtype": args.dtype,
+            "block_size": args.block_size,
+            "max_model_len": args.max_model_len or report["max_model_len"],
+            "max_num_seqs": max(batches),
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "draft_attention_backend": args.draft_attention_backend,
+            "contexts": contexts,
+            "batches": batches,
+            "temperatures": [float(t) for t in args.temperatures.split(",")],
+            "repeats": args.repeats,
+            "new_tokens": args.new_tokens,
+            "prompts": {str(c): prompts[str(c)] for c in contexts},
+            "deadline": time.time() + share - 15,
+        }
+        log(
+            f"engine {family}/{setting} (window {windows[setting]}), {remaining:.0f} s left, "
+            f"{share:.0f} s for this engine"
+        )
         name = setting if setting == "nospec" else f"{family}-{setting}"
         got = _child("--worker", spec, workdir, name, share + 30)
         if not got:
-            result["notes"].append(f"{family}/{setting}: engine produced no result "
-                                   f"(log {workdir}/{name}.log)")
+            result["notes"].append(
+                f"{family}/{setting}: engine produced no result (log {workdir}/{name}.log)"
+            )
         else:
             result["engines"].append(got["engine"])
             result["cells"] += got["cells"]
             if not got["engine"].get("complete"):
-                result["notes"].append(f"{family}/{setting}: stopped early "
-                                       f"({got['engine']['cells']} cells)")
+                result["notes"].append(
+                    f"{family}/{setting}: stopped early ({got['engine']['cells']} cells)"
+                )
         save()
     if args.our_loop:
         remaining = deadline - time.time()
         if remaining > 30:
-            loop_spec = {"device": args.our_loop_device or ("cuda" if "cpu" not in _device()
-                                                             else "cpu"),
-                         "pair": str(pair), "families": families,
-                         "settings": [(s, windows[s]) for s in settings if s != "nospec"],
-                         "contexts": contexts, "prompts": {str(c): prompts[str(c)]
-                                                           for c in contexts},
-                         "repeats": args.repeats, "new_tokens": args.new_tokens,
-                         "num_speculative_tokens": args.num_speculative_tokens,
-                         "max_len": max(contexts) + args.new_tokens
-                         + 2 * args.num_speculative_tokens + 2,
-                         "deadline": deadline - 10}
+            loop_spec = {
+                "device": args.our_loop_device or ("cuda" if "cpu" not in _device() else "cpu"),
+                "pair": str(pair),
+                "families": families,
+                "settings": [(s, windows[s]) for s in settings if s != "nospec"],
+                "contexts": contexts,
+                "prompts": {str(c): prompts[str(c)] for c in contexts},
+                "repeats": args.repeats,
+                "new_tokens": args.new_tokens,
+                "num_speculative_tokens": args.num_speculative_tokens,
+                "max_len": max(contexts) + args.new_tokens + 2 * args.num_speculative_tokens + 2,
+                "deadline": deadline - 10,
+            }
             rows = _child("--our-loop-worker", loop_spec, workdir, "our-loop", remaining - 5)
             result["our_loop"] = rows or []
         else:

@@ -32,8 +32,13 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_dspark_kernels import (bench_ms, graph_of, load_module_file, log,  # noqa: E402
-                                  parse_markov_launches)
+from bench_dspark_kernels import (
+    bench_ms,
+    graph_of,
+    load_module_file,
+    log,  # noqa: E402
+    parse_markov_launches,
+)
 
 
 class FixedBias(nn.Module):
@@ -55,8 +60,10 @@ def parse_head_launches(text: str) -> list[dict]:
     for item in filter(None, text.split(";")):
         fields = item.split(",")
         if len(fields) not in (4, 5) or not all(f.strip().isdigit() for f in fields):
-            raise ValueError(f"--head-launches entry {item!r} is invalid: expected "
-                             f"BLOCK_V,warps,tiles_per_program,stages[,filter]")
+            raise ValueError(
+                f"--head-launches entry {item!r} is invalid: expected "
+                f"BLOCK_V,warps,tiles_per_program,stages[,filter]"
+            )
         launch = {name: int(f) for name, f in zip(names[:4], fields) if int(f)}
         if len(fields) == 5:
             launch["filter_upper"] = bool(int(fields[4]))
@@ -66,22 +73,34 @@ def parse_head_launches(text: str) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", action="append", default=[],
-                        help="another markov_sampling_triton.py to time beside (repeatable)")
-    parser.add_argument("--launches", default="2048,8",
-                        help="BLOCK_V,warps[,blocks_per_program[,stages]];... of this "
-                             "checkout's kernel (0: the default)")
-    parser.add_argument("--head-launches", default="",
-                        help="BLOCK_V,warps,tiles_per_program,stages[,filter];... of "
-                             "sample_sequential_head_triton (0: the default)")
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        help="another markov_sampling_triton.py to time beside (repeatable)",
+    )
+    parser.add_argument(
+        "--launches",
+        default="2048,8",
+        help="BLOCK_V,warps[,blocks_per_program[,stages]];... of this "
+        "checkout's kernel (0: the default)",
+    )
+    parser.add_argument(
+        "--head-launches",
+        default="",
+        help="BLOCK_V,warps,tiles_per_program,stages[,filter];... of "
+        "sample_sequential_head_triton (0: the default)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_markov_variants.py needs a CUDA GPU", file=sys.stderr)
         return 2
 
-    from dspark_compile.kernels import markov_head_sampling_triton as in_kernel
-    from dspark_compile.kernels import markov_sampling_triton as current
+    from dspark_compile.kernels import (
+        markov_head_sampling_triton as in_kernel,
+        markov_sampling_triton as current,
+    )
     from dspark_compile.models import DSparkMarkovHead, sample_sequential
 
     launches = parse_markov_launches(args.launches)
@@ -90,8 +109,8 @@ def main(argv=None) -> int:
     head = DSparkMarkovHead(vocab, rank).cuda().to(torch.bfloat16)
     base = torch.randn(reqs, steps, vocab, device="cuda", dtype=torch.bfloat16)
     anchors = torch.randint(0, vocab, (reqs,), device="cuda")
-    seeds = torch.randint(-2 ** 62, 2 ** 62, (reqs,), device="cuda")
-    positions = torch.randint(0, 2 ** 20, (reqs,), device="cuda")
+    seeds = torch.randint(-(2**62), 2**62, (reqs,), device="cuda")
+    positions = torch.randint(0, 2**20, (reqs,), device="cuda")
     ones = torch.ones(reqs, device="cuda")
     mixed = torch.where(torch.arange(reqs, device="cuda") % 3 == 0, 0.0, 0.8)
     fixed = FixedBias(head(anchors).detach())
@@ -103,24 +122,38 @@ def main(argv=None) -> int:
         log(f"{name:72s} {us:8.1f} us {extra or ''}")
         results["rows"].append({"variant": name, "us": us, **extra})
 
-    kernels = [(f"this checkout, BLOCK_V={b} warps={w} blocks/program={p or 'default'} "
-                f"stages={st or 'default'}",
-                lambda *a, b=b, w=w, p=p, st=st, **k: current.sample_sequential_triton(
-                    *a, block_v=b, num_warps=w, blocks_per_program=p,
-                    **({} if st is None else {"num_stages": st}), **k))
-               for b, w, p, st in launches]
+    kernels = [
+        (
+            f"this checkout, BLOCK_V={b} warps={w} blocks/program={p or 'default'} "
+            f"stages={st or 'default'}",
+            lambda *a, b=b, w=w, p=p, st=st, **k: current.sample_sequential_triton(
+                *a,
+                block_v=b,
+                num_warps=w,
+                blocks_per_program=p,
+                **({} if st is None else {"num_stages": st}),
+                **k,
+            ),
+        )
+        for b, w, p, st in launches
+    ]
     for index, path in enumerate(args.baseline):
         old = load_module_file(path, f"markov_baseline_{index}")
-        kernels.append((f"{os.path.basename(path)}, its default launch",
-                        old.sample_sequential_triton))
+        kernels.append(
+            (f"{os.path.basename(path)}, its default launch", old.sample_sequential_triton)
+        )
     with torch.no_grad():
-        compiled = torch.compile(lambda: sample_sequential(base, anchors, head, ones, seeds,
-                                                           positions), mode="reduce-overhead")
+        compiled = torch.compile(
+            lambda: sample_sequential(base, anchors, head, ones, seeds, positions),
+            mode="reduce-overhead",
+        )
         for _ in range(3):
             compiled()
         record("reference, torch.compile reduce-overhead", 1e3 * bench_ms(compiled))
-        record("Markov head alone (8 x embedding + GEMM)", 1e3 * bench_ms(graph_of(
-            lambda: [head(anchors) for _ in range(steps)]).replay))
+        record(
+            "Markov head alone (8 x embedding + GEMM)",
+            1e3 * bench_ms(graph_of(lambda: [head(anchors) for _ in range(steps)]).replay),
+        )
         differ = 0
         for name, fn in kernels:
             mismatches = {}
@@ -129,12 +162,15 @@ def main(argv=None) -> int:
                 got = fn(base, anchors, head, temp, seeds, positions)
                 mismatches[label] = int((got != want).sum())
             differ += sum(mismatches.values())
-            fused = 1e3 * bench_ms(graph_of(
-                lambda: fn(base, anchors, head, ones, seeds, positions)).replay)
-            sampled = 1e3 * bench_ms(graph_of(
-                lambda: fn(base, anchors, fixed, ones, seeds, positions)).replay)
-            greedy = 1e3 * bench_ms(graph_of(
-                lambda: fn(base, anchors, fixed, 0.0, seeds, positions)).replay)
+            fused = 1e3 * bench_ms(
+                graph_of(lambda: fn(base, anchors, head, ones, seeds, positions)).replay
+            )
+            sampled = 1e3 * bench_ms(
+                graph_of(lambda: fn(base, anchors, fixed, ones, seeds, positions)).replay
+            )
+            greedy = 1e3 * bench_ms(
+                graph_of(lambda: fn(base, anchors, fixed, 0.0, seeds, positions)).replay
+            )
             record(f"{name}: fused", fused, token_mismatches=mismatches)
             record(f"{name}: sampling kernels alone, T=1", sampled)
             record(f"{name}: greedy kernels alone", greedy)
@@ -142,30 +178,56 @@ def main(argv=None) -> int:
         for knobs in parse_head_launches(args.head_launches):
             name = f"head in kernel, {knobs or 'default launch'}"
             try:
-                bias_differ = sum(int((in_kernel.markov_head_bias_triton(
-                    head, prev, **{k: v for k, v in knobs.items() if k == "block_v"})
-                    != head(prev)).sum())
-                    for prev in prevs)
+                bias_differ = sum(
+                    int(
+                        (
+                            in_kernel.markov_head_bias_triton(
+                                head, prev, **{k: v for k, v in knobs.items() if k == "block_v"}
+                            )
+                            != head(prev)
+                        ).sum()
+                    )
+                    for prev in prevs
+                )
                 mismatches = {}
                 for label, temp in (("greedy", 0.0), ("T=1", ones), ("mixed", mixed)):
                     want = sample_sequential(base, anchors, head, temp, seeds, positions)
-                    got = in_kernel.sample_sequential_head_triton(base, anchors, head, temp, seeds,
-                                                                  positions, **knobs)
+                    got = in_kernel.sample_sequential_head_triton(
+                        base, anchors, head, temp, seeds, positions, **knobs
+                    )
                     mismatches[label] = int((got != want).sum())
                 differ += sum(mismatches.values())
                 rescans = torch.zeros(1, dtype=torch.int32, device="cuda")
-                in_kernel.sample_sequential_head_triton(base, anchors, head, ones, seeds,
-                                                        positions, rescans=rescans, **knobs)
-                record(f"{name}: fused, T=1", 1e3 * bench_ms(graph_of(
-                    lambda: in_kernel.sample_sequential_head_triton(
-                        base, anchors, head, ones, seeds, positions, **knobs)).replay),
-                    token_mismatches=mismatches, bias_elements_differ=bias_differ,
+                in_kernel.sample_sequential_head_triton(
+                    base, anchors, head, ones, seeds, positions, rescans=rescans, **knobs
+                )
+                record(
+                    f"{name}: fused, T=1",
+                    1e3
+                    * bench_ms(
+                        graph_of(
+                            lambda: in_kernel.sample_sequential_head_triton(
+                                base, anchors, head, ones, seeds, positions, **knobs
+                            )
+                        ).replay
+                    ),
+                    token_mismatches=mismatches,
+                    bias_elements_differ=bias_differ,
                     bias_elements_compared=len(prevs) * reqs * vocab,
-                    rescanned_row_programs_T1=int(rescans))
-                record(f"{name}: fused, greedy", 1e3 * bench_ms(graph_of(
-                    lambda: in_kernel.sample_sequential_head_triton(
-                        base, anchors, head, 0.0, seeds, positions, **knobs)).replay))
-            except Exception as error:      # e.g. a launch past the SM's shared memory
+                    rescanned_row_programs_T1=int(rescans),
+                )
+                record(
+                    f"{name}: fused, greedy",
+                    1e3
+                    * bench_ms(
+                        graph_of(
+                            lambda: in_kernel.sample_sequential_head_triton(
+                                base, anchors, head, 0.0, seeds, positions, **knobs
+                            )
+                        ).replay
+                    ),
+                )
+            except Exception as error:  # e.g. a launch past the SM's shared memory
                 record(f"{name}: FAILED {type(error).__name__}: {str(error)[:200]}", float("nan"))
                 differ += 1
     os.makedirs(args.out, exist_ok=True)

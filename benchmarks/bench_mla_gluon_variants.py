@@ -25,8 +25,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_dspark_kernels import (bench_ms, graph_of, load_module_file, log,  # noqa: E402
-                                  mla_inputs, rel_err)
+from bench_dspark_kernels import (
+    bench_ms,
+    graph_of,
+    load_module_file,
+    log,  # noqa: E402
+    mla_inputs,
+    rel_err,
+)
 
 
 def main(argv=None) -> int:
@@ -39,32 +45,39 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    from dspark_compile.kernels import sparse_mla as ref
-    from dspark_compile.kernels import sparse_mla_gluon as glu
-    from dspark_compile.kernels import sparse_mla_triton as per_token
+    from dspark_compile.kernels import (
+        sparse_mla as ref,
+        sparse_mla_gluon as glu,
+        sparse_mla_triton as per_token,
+    )
 
     if not glu.HAVE_GLUON:
         print(f"triton {triton.__version__} has no Gluon", file=sys.stderr)
         return 2
-    size = SimpleNamespace(requests=64, q_len=8, context=32768, window=2048, block_size=64,
-                           heads=16)
+    size = SimpleNamespace(
+        requests=64, q_len=8, context=32768, window=2048, block_size=64, heads=16
+    )
     query, kv_cache, index_sets, lora = mla_inputs(size)
     scale = (lora + 64) ** -0.5
     variants = {
         "op launch (mixed groups folded in)": lambda idx: glu._launch(
-            query, kv_cache, idx, scale, fold_mixed=True),
+            query, kv_cache, idx, scale, fold_mixed=True
+        ),
         "flag + per-token kernel": lambda idx: glu._launch(
-            query, kv_cache, idx, scale, fold_mixed=False),
-        "per-token Triton kernel (issue 12's 'today's kernel')": lambda idx:
-            per_token.sparse_mla_attention_triton(query, kv_cache, idx, scale, lora),
+            query, kv_cache, idx, scale, fold_mixed=False
+        ),
+        "per-token Triton kernel (issue 12's 'today's kernel')": lambda idx: (
+            per_token.sparse_mla_attention_triton(query, kv_cache, idx, scale, lora)
+        ),
         "kernel alone, no KV copies (diagnostic, wrong result)": lambda idx: glu._launch(
-            query, kv_cache, idx, scale, fold_mixed=False, mixed_pass=False,
-            diag_no_loads=True),
+            query, kv_cache, idx, scale, fold_mixed=False, mixed_pass=False, diag_no_loads=True
+        ),
     }
     if args.baseline:
         old = load_module_file(args.baseline, "gluon_baseline")
         variants["baseline file, its default launch"] = lambda idx: old._launch(
-            query, kv_cache, idx, scale)
+            query, kv_cache, idx, scale
+        )
     from dspark_compile.tools.provenance import provenance
 
     results = {**provenance(), "baseline": args.baseline, "rows": []}
@@ -77,8 +90,9 @@ def main(argv=None) -> int:
             graph = graph_of(lambda: fn(idx))
             us = 1e3 * bench_ms(graph.replay)
             log(f"{rows:10s} {name:55s} {us:8.1f} us  rel err {err:.2e}  ok={ok}")
-            results["rows"].append({"rows": rows, "variant": name, "us": us,
-                                    "rel_err": err, "ok": ok})
+            results["rows"].append(
+                {"rows": rows, "variant": name, "us": us, "rel_err": err, "ok": ok}
+            )
             if not ok:
                 print(f"FAILED: {rows} {name} rel err {err}", file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)

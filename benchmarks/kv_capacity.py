@@ -43,8 +43,9 @@ import repro_native_swa_draft as repro  # noqa: E402
 VARIANTS = ("nospec", "self_full", "self_window", "self_swa")
 
 
-def build(path: Path, num_layers: int, seed: int, max_positions: int,
-          sliding_window: int | None = None) -> str:
+def build(
+    path: Path, num_layers: int, seed: int, max_positions: int, sliding_window: int | None = None
+) -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -54,8 +55,9 @@ def build(path: Path, num_layers: int, seed: int, max_positions: int,
         torch.manual_seed(seed)
         LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(path, safe_serialization=True)
         if sliding_window is not None:
-            config.update(layer_types=["sliding_attention"] * num_layers,
-                          sliding_window=sliding_window)
+            config.update(
+                layer_types=["sliding_attention"] * num_layers, sliding_window=sliding_window
+            )
             (path / "config.json").write_text(json.dumps(config, indent=1))
     return str(path)
 
@@ -64,30 +66,45 @@ def run_variant(args: argparse.Namespace, variant: str, models: dict, out: Path)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    kwargs = dict(model=models["target"], skip_tokenizer_init=True, dtype=args.dtype,
-                  max_model_len=args.max_model_len, max_num_seqs=4, block_size=args.block_size,
-                  seed=0, disable_log_stats=False, enable_prefix_caching=True,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  kv_cache_memory_bytes=args.kv_cache_gib << 30,
-                  compilation_config={"inductor_passes": {
-                      "post_grad_custom_post_pass": "dspark_compile_vllm.draft_window_pass"},
-                      "splitting_ops": []})
+    kwargs = dict(
+        model=models["target"],
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=4,
+        block_size=args.block_size,
+        seed=0,
+        disable_log_stats=False,
+        enable_prefix_caching=True,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_gib << 30,
+        compilation_config={
+            "inductor_passes": {
+                "post_grad_custom_post_pass": "dspark_compile_vllm.draft_window_pass"
+            },
+            "splitting_ops": [],
+        },
+    )
     if args.device == "cuda":
         kwargs["attention_config"] = {"backend": args.backend}
         kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
     if variant != "nospec":
         draft = models["target_swa"] if variant == "self_swa" else models["target"]
-        kwargs["speculative_config"] = {"method": "draft_model", "model": draft,
-                                        "num_speculative_tokens": repro.NUM_SPEC}
+        kwargs["speculative_config"] = {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": repro.NUM_SPEC,
+        }
     if variant == "self_window":
         kwargs["additional_config"] = {"draft_window_size": args.window}
     llm = LLM(**kwargs)
-    outputs = llm.generate(repro.prompts(args.prompt_lens),
-                           SamplingParams(temperature=0, max_tokens=args.max_tokens,
-                                          detokenize=False))
+    outputs = llm.generate(
+        repro.prompts(args.prompt_lens),
+        SamplingParams(temperature=0, max_tokens=args.max_tokens, detokenize=False),
+    )
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     cache = llm.llm_engine.vllm_config.cache_config
-    tokens = getattr(cache, "kv_cache_size_tokens", None)   # what vLLM logged
+    tokens = getattr(cache, "kv_cache_size_tokens", None)  # what vLLM logged
     concurrency = getattr(cache, "kv_cache_max_concurrency", None)
     num_blocks, groups = None, []
     try:  # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
@@ -97,20 +114,30 @@ def run_variant(args: argparse.Namespace, variant: str, models: dict, out: Path)
         if tokens is None:
             tokens, concurrency = get_kv_cache_capacity(llm.llm_engine.vllm_config, config)
         num_blocks = config.num_blocks
-        groups = [f"{type(g.kv_cache_spec).__name__}"
-                  f"(sw={getattr(g.kv_cache_spec, 'sliding_window', None)}, "
-                  f"{len(g.layer_names)} layers)" for g in config.kv_cache_groups]
+        groups = [
+            f"{type(g.kv_cache_spec).__name__}"
+            f"(sw={getattr(g.kv_cache_spec, 'sliding_window', None)}, "
+            f"{len(g.layer_names)} layers)"
+            for g in config.kv_cache_groups
+        ]
     except (AttributeError, ImportError) as error:
         groups = [f"unknown ({error})"]
-    out.write_text(json.dumps({
-        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "kv_cache_tokens": tokens, "max_concurrency": concurrency or 0.0,
-        "num_blocks": num_blocks,
-        "max_in_flight_tokens": getattr(llm.llm_engine.vllm_config, "max_in_flight_tokens",
-                                        args.max_num_batched_tokens),
-        "groups": groups,
-        "accepted": metrics.get("vllm:spec_decode_num_accepted_tokens"),
-        "drafted": metrics.get("vllm:spec_decode_num_draft_tokens")}))
+    out.write_text(
+        json.dumps(
+            {
+                "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                "kv_cache_tokens": tokens,
+                "max_concurrency": concurrency or 0.0,
+                "num_blocks": num_blocks,
+                "max_in_flight_tokens": getattr(
+                    llm.llm_engine.vllm_config, "max_in_flight_tokens", args.max_num_batched_tokens
+                ),
+                "groups": groups,
+                "accepted": metrics.get("vllm:spec_decode_num_accepted_tokens"),
+                "drafted": metrics.get("vllm:spec_decode_num_draft_tokens"),
+            }
+        )
+    )
 
 
 def report(args: argparse.Namespace, results: dict, native_sw: int) -> None:
@@ -118,12 +145,17 @@ def report(args: argparse.Namespace, results: dict, native_sw: int) -> None:
 
     reference = results.get("nospec", {}).get("tokens")
     for v, r in results.items():
-        same = (sum(a == b for a, b in zip(r["tokens"], reference)) if reference else None)
-        acc = (f"{int(r['accepted'])}/{int(r['drafted'])} accepted" if r.get("drafted")
-               else "no speculation")
-        print(f"{v:12s} KV cache size: {r['kv_cache_tokens']:>12,} tokens "
-              f"(max concurrency {r['max_concurrency']:.2f}x, {r['num_blocks']} blocks); "
-              f"identical to target: {same}/{len(r['tokens'])}; {acc}; groups {r['groups']}")
+        same = sum(a == b for a, b in zip(r["tokens"], reference)) if reference else None
+        acc = (
+            f"{int(r['accepted'])}/{int(r['drafted'])} accepted"
+            if r.get("drafted")
+            else "no speculation"
+        )
+        print(
+            f"{v:12s} KV cache size: {r['kv_cache_tokens']:>12,} tokens "
+            f"(max concurrency {r['max_concurrency']:.2f}x, {r['num_blocks']} blocks); "
+            f"identical to target: {same}/{len(r['tokens'])}; {acc}; groups {r['groups']}"
+        )
     if {"nospec", "self_full"} <= results.keys():
         base, draft = results["nospec"]["kv_cache_tokens"], results["self_full"]["kv_cache_tokens"]
         for v in ("self_window", "self_swa"):
@@ -132,18 +164,29 @@ def report(args: argparse.Namespace, results: dict, native_sw: int) -> None:
                 print(f"{v}: wins back {frac:.1%} of the capacity the draft costs")
         inflight = results.get("self_window", results["self_full"])["max_in_flight_tokens"]
         predicted = kv_spec.predicted_recovered_fraction(
-            native_sw + repro.NUM_SPEC, repro.NUM_SPEC, args.block_size, inflight,
-            args.max_model_len, 2, 2)
-        print(f"predicted for the bounded window (kv_spec, max_in_flight_tokens {inflight}): "
-              f"{predicted:.1%}")
+            native_sw + repro.NUM_SPEC,
+            repro.NUM_SPEC,
+            args.block_size,
+            inflight,
+            args.max_model_len,
+            2,
+            2,
+        )
+        print(
+            f"predicted for the bounded window (kv_spec, max_in_flight_tokens {inflight}): "
+            f"{predicted:.1%}"
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--backend", default=None,
-                        help="attention backend(s), comma-separated (cuda default: "
-                             "FLASH_ATTN,TRITON_ATTN; cpu: CPU_ATTN)")
+    parser.add_argument(
+        "--backend",
+        default=None,
+        help="attention backend(s), comma-separated (cuda default: "
+        "FLASH_ATTN,TRITON_ATTN; cpu: CPU_ATTN)",
+    )
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=32768)
@@ -154,13 +197,15 @@ def main() -> int:
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[9, 700, 1500, 3000])
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="variants at once (default: all on cuda, 2 on cpu)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="variants at once (default: all on cuda, 2 on cpu)"
+    )
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--run-one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.backend = args.backend or ("CPU_ATTN" if args.device == "cpu"
-                                    else "FLASH_ATTN,TRITON_ATTN")
+    args.backend = args.backend or (
+        "CPU_ATTN" if args.device == "cpu" else "FLASH_ATTN,TRITON_ATTN"
+    )
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     args.block_size = args.block_size or (32 if args.device == "cpu" else 16)
     if args.run_one:
@@ -173,20 +218,39 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="kv_capacity_"))
     work.mkdir(parents=True, exist_ok=True)
     positions = max(args.max_model_len, 4096)
-    models = {"target": build(work / "target", 2, 0, positions),
-              "target_swa": build(work / "target_swa", 2, 0, positions, native_sw)}
+    models = {
+        "target": build(work / "target", 2, 0, positions),
+        "target_swa": build(work / "target_swa", 2, 0, positions, native_sw),
+    }
     variants = [v for v in args.variants.split(",") if v]
     backends = [b for b in args.backend.split(",") if b]
     runs = [(b, v) for b in backends for v in variants]
 
     def argv(backend: str) -> list[str]:
-        return ["--device", args.device, "--backend", backend, "--dtype", args.dtype,
-                "--block-size", str(args.block_size), "--max-model-len", str(args.max_model_len),
-                "--window", str(args.window), "--max-num-batched-tokens",
-                str(args.max_num_batched_tokens), "--kv-cache-gib", str(args.kv_cache_gib),
-                "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-                "--max-tokens", str(args.max_tokens), "--prompt-lens",
-                *map(str, args.prompt_lens)]
+        return [
+            "--device",
+            args.device,
+            "--backend",
+            backend,
+            "--dtype",
+            args.dtype,
+            "--block-size",
+            str(args.block_size),
+            "--max-model-len",
+            str(args.max_model_len),
+            "--window",
+            str(args.window),
+            "--max-num-batched-tokens",
+            str(args.max_num_batched_tokens),
+            "--kv-cache-gib",
+            str(args.kv_cache_gib),
+            "--gpu-memory-utilization",
+            str(args.gpu_memory_utilization),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--prompt-lens",
+            *map(str, args.prompt_lens),
+        ]
 
     jobs = args.jobs or (len(runs) if args.device == "cuda" else 2)
     started, pending, running = time.time(), list(runs), []
@@ -194,28 +258,42 @@ def main() -> int:
         while pending and len(running) < jobs:
             b, v = pending.pop(0)
             log = open(work / f"{b}-{v}.log", "w")
-            cmd = [sys.executable, os.path.abspath(__file__), *argv(b), "--run-one", v,
-                   json.dumps(models), str(work / f"{b}-{v}.json")]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                *argv(b),
+                "--run-one",
+                v,
+                json.dumps(models),
+                str(work / f"{b}-{v}.json"),
+            ]
             running.append(((b, v), subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
         for item in list(running):
             if item[1].poll() is not None:
                 running.remove(item)
                 name = "-".join(item[0])
-                print(f"[{time.time() - started:5.0f} s] {name}: exit {item[1].returncode}",
-                      flush=True)
+                print(
+                    f"[{time.time() - started:5.0f} s] {name}: exit {item[1].returncode}",
+                    flush=True,
+                )
                 if item[1].returncode:
                     print((work / f"{name}.log").read_text()[-3000:])
         time.sleep(1)
     import vllm
 
     for backend in backends:
-        results = {v: json.loads((work / f"{backend}-{v}.json").read_text())
-                   for v in variants if (work / f"{backend}-{v}.json").exists()}
-        print(f"\nvLLM {vllm.__version__}, {args.device}, {backend}, {args.dtype}, block size "
-              f"{args.block_size}, max_model_len {args.max_model_len}, max_num_batched_tokens "
-              f"{args.max_num_batched_tokens}, KV pool {args.kv_cache_gib} GiB, self-draft K="
-              f"{repro.NUM_SPEC}, window W={args.window} (sliding_window {native_sw} = W - K), "
-              f"prompts {args.prompt_lens}, {args.max_tokens} greedy tokens")
+        results = {
+            v: json.loads((work / f"{backend}-{v}.json").read_text())
+            for v in variants
+            if (work / f"{backend}-{v}.json").exists()
+        }
+        print(
+            f"\nvLLM {vllm.__version__}, {args.device}, {backend}, {args.dtype}, block size "
+            f"{args.block_size}, max_model_len {args.max_model_len}, max_num_batched_tokens "
+            f"{args.max_num_batched_tokens}, KV pool {args.kv_cache_gib} GiB, self-draft K="
+            f"{repro.NUM_SPEC}, window W={args.window} (sliding_window {native_sw} = W - K), "
+            f"prompts {args.prompt_lens}, {args.max_tokens} greedy tokens"
+        )
         report(args, results, native_sw)
     return 0
 

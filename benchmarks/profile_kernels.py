@@ -30,47 +30,64 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CASES = ("decode-window", "decode-full", "block16", "mla", "mla-gluon", "mla-gluon-noloads",
-         "markov", "markov-greedy")
+CASES = (
+    "decode-window",
+    "decode-full",
+    "block16",
+    "mla",
+    "mla-gluon",
+    "mla-gluon-noloads",
+    "markov",
+    "markov-greedy",
+)
 
 
 def paged_case(batch: int, context: int, q_len: int, window):
-    from bench_peer_attention import BLOCK, D, HKV, HQ
+    from bench_peer_attention import BLOCK, HKV, HQ, D
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     blocks = context // BLOCK
     num_blocks = batch * blocks + 8
-    key_cache = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16,
-                            generator=gen)
+    key_cache = torch.randn(
+        num_blocks, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen
+    )
     value_cache = torch.randn_like(key_cache)
-    table = (torch.randperm(num_blocks, device="cuda", generator=gen)[:batch * blocks]
-             .view(batch, blocks).to(torch.int32))
+    table = (
+        torch.randperm(num_blocks, device="cuda", generator=gen)[: batch * blocks]
+        .view(batch, blocks)
+        .to(torch.int32)
+    )
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
     query = torch.randn(batch * q_len, HQ, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     return lambda: torch.ops.dspark.paged_attention(
-        query, key_cache, value_cache, table, seq_lens, qsl, D ** -0.5, q_len == 1,
-        window_size=window)
+        query, key_cache, value_cache, table, seq_lens, qsl, D**-0.5, q_len == 1, window_size=window
+    )
 
 
 def mla_case(kernel: str = "grouped"):
     from bench_dspark_kernels import mla_inputs
 
-    from dspark_compile.kernels import sparse_mla_gluon as gluon
-    from dspark_compile.kernels import sparse_mla_grouped_triton as grouped
+    from dspark_compile.kernels import (
+        sparse_mla_gluon as gluon,
+        sparse_mla_grouped_triton as grouped,
+    )
 
-    args = SimpleNamespace(requests=64, q_len=8, context=32768, window=2048, block_size=64,
-                           heads=16)
+    args = SimpleNamespace(
+        requests=64, q_len=8, context=32768, window=2048, block_size=64, heads=16
+    )
     query, kv_cache, index_sets, lora = mla_inputs(args)
     indices = index_sets["non-causal"]
     scale = (lora + 64) ** -0.5
     if kernel == "grouped":
         return lambda: grouped.grouped_sparse_mla_attention_triton(
-            query, kv_cache, indices, scale, lora)
+            query, kv_cache, indices, scale, lora
+        )
     if not gluon.HAVE_GLUON:
         raise SystemExit("this triton has no Gluon")
-    return lambda: gluon._launch(query, kv_cache, indices, scale, mixed_pass=False,
-                                 diag_no_loads=kernel == "gluon-noloads")
+    return lambda: gluon._launch(
+        query, kv_cache, indices, scale, mixed_pass=False, diag_no_loads=kernel == "gluon-noloads"
+    )
 
 
 def markov_case(temperature: float = 1.0):
@@ -82,7 +99,7 @@ def markov_case(temperature: float = 1.0):
     head = DSparkMarkovHead(vocab, 256).cuda().to(torch.bfloat16)
     base = torch.randn(reqs, steps, vocab, device="cuda", dtype=torch.bfloat16)
     anchors = torch.randint(0, vocab, (reqs,), device="cuda")
-    seeds = torch.randint(-2 ** 62, 2 ** 62, (reqs,), device="cuda")
+    seeds = torch.randint(-(2**62), 2**62, (reqs,), device="cuda")
     temps = torch.full((reqs,), temperature, device="cuda")
     return lambda: sample_sequential_triton(base, anchors, head, temps, seeds)
 
@@ -99,12 +116,16 @@ def main(argv=None) -> int:
         return 2
     import dspark_compile  # noqa: F401  (registers torch.ops.dspark)
 
-    fn = {"decode-window": lambda: paged_case(32, 32768, 1, 2048),
-          "decode-full": lambda: paged_case(32, 32768, 1, None),
-          "block16": lambda: paged_case(32, 131072, 16, None),
-          "mla": mla_case, "mla-gluon": lambda: mla_case("gluon"),
-          "mla-gluon-noloads": lambda: mla_case("gluon-noloads"),
-          "markov": markov_case, "markov-greedy": lambda: markov_case(0.0)}[args.case]()
+    fn = {
+        "decode-window": lambda: paged_case(32, 32768, 1, 2048),
+        "decode-full": lambda: paged_case(32, 32768, 1, None),
+        "block16": lambda: paged_case(32, 131072, 16, None),
+        "mla": mla_case,
+        "mla-gluon": lambda: mla_case("gluon"),
+        "mla-gluon-noloads": lambda: mla_case("gluon-noloads"),
+        "markov": markov_case,
+        "markov-greedy": lambda: markov_case(0.0),
+    }[args.case]()
     with torch.no_grad():
         for _ in range(args.calls):
             fn()

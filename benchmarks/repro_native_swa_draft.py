@@ -52,7 +52,8 @@ vllm 0.32.0 lines 2532-2545 / vllm 0.26.0 lines 2546-2559)::
 19), although ``SpecDecodeBaseProposer.initialize_attn_backend``
 (``vllm/v1/spec_decode/llm_base_proposer.py``, 0.32.0 line 1727 / 0.26.0
 line 1733) does find its group (``self.kv_cache_gid = 1``) and builds the
-draft layers' metadata with the group-1 builders from that common metadata. The draft layer i then writes its K/V with the
+draft layers' metadata with the group-1 builders from that common metadata.
+The draft layer i then writes its K/V with the
 target group's slot mapping into the tensor it shares with target layer i
 (CPU: ``vllm/v1/attention/backends/cpu_attn.py`` ``do_kv_cache_update``;
 CUDA: ``reshape_and_cache_flash``), overwriting the target's KV cache, and
@@ -91,7 +92,7 @@ import time
 from pathlib import Path
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, INTERMEDIATE = 512, 128, 4, 2, 128
-SLIDING_WINDOW = 61          # = W - K of a W=64, K=3 draft window
+SLIDING_WINDOW = 61  # = W - K of a W=64, K=3 draft window
 NUM_SPEC = 3
 PROMPT_LENS = [9, 300, 700, 1000]
 MAX_TOKENS = 24
@@ -100,13 +101,24 @@ VARIANTS = ("target", "self_full", "self_swa", "sep_full", "sep_swa")
 
 def llama_config(num_layers: int, sliding_window: int | None = None) -> dict:
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": num_layers, "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS, "head_dim": HIDDEN // HEADS,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "float32",
-        "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.2,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HIDDEN // HEADS,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "initializer_range": 0.2,
     }
     if sliding_window is not None:
         config["layer_types"] = ["sliding_attention"] * num_layers
@@ -126,13 +138,16 @@ def build_llama(path: Path, num_layers: int, seed: int, sliding_window: int | No
         model.save_pretrained(path, safe_serialization=True)
         if sliding_window is not None:
             (path / "config.json").write_text(
-                json.dumps(llama_config(num_layers, sliding_window), indent=1))
+                json.dumps(llama_config(num_layers, sliding_window), indent=1)
+            )
     return str(path)
 
 
 def prompts(lens: list[int]) -> list[dict]:
-    return [{"prompt_token_ids": [(7 * i * i + 3 * i + 11 * n) % 500 + 3 for i in range(n)]}
-            for n in lens]
+    return [
+        {"prompt_token_ids": [(7 * i * i + 3 * i + 11 * n) % 500 + 3 for i in range(n)]}
+        for n in lens
+    ]
 
 
 def apply_upstream_fix() -> None:
@@ -159,26 +174,42 @@ def run_variant(args: argparse.Namespace, variant: str, models: dict, out: Path)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if variant.endswith("_fixed"):
         apply_upstream_fix()
-        variant = variant[:-len("_fixed")]
+        variant = variant[: -len("_fixed")]
     from vllm import LLM, SamplingParams
 
-    kwargs = dict(model=models["target"], skip_tokenizer_init=True, dtype=args.dtype,
-                  max_model_len=args.max_model_len, max_num_seqs=4, block_size=args.block_size,
-                  seed=0, disable_log_stats=False, enable_prefix_caching=False)
+    kwargs = dict(
+        model=models["target"],
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=4,
+        block_size=args.block_size,
+        seed=0,
+        disable_log_stats=False,
+        enable_prefix_caching=False,
+    )
     if args.device == "cuda":
         # a fixed pool: variants may share the GPU (--jobs) and still compare
         kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
         kwargs["kv_cache_memory_bytes"] = 1 << 30
         kwargs["attention_config"] = {"backend": args.backend}
     if variant != "target":
-        draft = {"self_full": models["target"], "self_swa": models["target_swa"],
-                 "sep_full": models["draft"], "sep_swa": models["draft_swa"]}[variant]
-        kwargs["speculative_config"] = {"method": "draft_model", "model": draft,
-                                        "num_speculative_tokens": NUM_SPEC}
+        draft = {
+            "self_full": models["target"],
+            "self_swa": models["target_swa"],
+            "sep_full": models["draft"],
+            "sep_swa": models["draft_swa"],
+        }[variant]
+        kwargs["speculative_config"] = {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": NUM_SPEC,
+        }
     llm = LLM(**kwargs)
-    outputs = llm.generate(prompts(args.prompt_lens),
-                           SamplingParams(temperature=0, max_tokens=args.max_tokens,
-                                          detokenize=False))
+    outputs = llm.generate(
+        prompts(args.prompt_lens),
+        SamplingParams(temperature=0, max_tokens=args.max_tokens, detokenize=False),
+    )
     accepted = drafted = None
     for metric in llm.get_metrics():
         if metric.name == "vllm:spec_decode_num_accepted_tokens":
@@ -189,35 +220,50 @@ def run_variant(args: argparse.Namespace, variant: str, models: dict, out: Path)
     groups = None
     try:
         core = llm.llm_engine.engine_core.engine_core
-        groups = [[type(g.kv_cache_spec).__name__, list(g.layer_names)]
-                  for g in core.scheduler.kv_cache_config.kv_cache_groups]
+        groups = [
+            [type(g.kv_cache_spec).__name__, list(g.layer_names)]
+            for g in core.scheduler.kv_cache_config.kv_cache_groups
+        ]
     except AttributeError:
         pass
-    out.write_text(json.dumps({
-        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "kv_cache_tokens": getattr(cache, "kv_cache_size_tokens", None),
-        "accepted": accepted, "drafted": drafted, "kv_cache_groups": groups}))
+    out.write_text(
+        json.dumps(
+            {
+                "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                "kv_cache_tokens": getattr(cache, "kv_cache_size_tokens", None),
+                "accepted": accepted,
+                "drafted": drafted,
+                "kv_cache_groups": groups,
+            }
+        )
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--backend", default=None,
-                        help="attention backend (cuda: FLASH_ATTN (default) or TRITON_ATTN)")
+    parser.add_argument(
+        "--backend",
+        default=None,
+        help="attention backend (cuda: FLASH_ATTN (default) or TRITON_ATTN)",
+    )
     parser.add_argument("--dtype", default=None, help="default: float32 (cpu), bfloat16 (cuda)")
-    parser.add_argument("--block-size", type=int, default=None,
-                        help="default: 32 (cpu), 16 (cuda)")
+    parser.add_argument("--block-size", type=int, default=None, help="default: 32 (cpu), 16 (cuda)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=PROMPT_LENS)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.15)
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma-separated, from {VARIANTS} (+ '_fixed' on a *_swa: "
-                             "with the one-line fix applied)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, from {VARIANTS} (+ '_fixed' on a *_swa: "
+        "with the one-line fix applied)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="variants run at once")
     parser.add_argument("--workdir", default=None)
-    parser.add_argument("--run-one", nargs=3, metavar=("VARIANT", "MODELS", "OUT"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--run-one", nargs=3, metavar=("VARIANT", "MODELS", "OUT"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     args.backend = args.backend or ("CPU_ATTN" if args.device == "cpu" else "FLASH_ATTN")
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
@@ -229,23 +275,45 @@ def main() -> int:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="repro_swa_draft_"))
     work.mkdir(parents=True, exist_ok=True)
-    models = {"target": build_llama(work / "target", 2, seed=0),
-              "target_swa": build_llama(work / "target_swa", 2, seed=0,
-                                        sliding_window=SLIDING_WINDOW),
-              "draft": build_llama(work / "draft", 1, seed=1),
-              "draft_swa": build_llama(work / "draft_swa", 1, seed=1,
-                                       sliding_window=SLIDING_WINDOW)}
+    models = {
+        "target": build_llama(work / "target", 2, seed=0),
+        "target_swa": build_llama(work / "target_swa", 2, seed=0, sliding_window=SLIDING_WINDOW),
+        "draft": build_llama(work / "draft", 1, seed=1),
+        "draft_swa": build_llama(work / "draft_swa", 1, seed=1, sliding_window=SLIDING_WINDOW),
+    }
     variants = [v for v in args.variants.split(",") if v]
     if "target" not in variants:
         variants.insert(0, "target")
-    argv = ["--device", args.device, "--backend", args.backend, "--dtype", args.dtype,
-            "--block-size", str(args.block_size), "--max-model-len", str(args.max_model_len),
-            "--max-tokens", str(args.max_tokens), "--gpu-memory-utilization",
-            str(args.gpu_memory_utilization), "--prompt-lens", *map(str, args.prompt_lens)]
+    argv = [
+        "--device",
+        args.device,
+        "--backend",
+        args.backend,
+        "--dtype",
+        args.dtype,
+        "--block-size",
+        str(args.block_size),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+        "--prompt-lens",
+        *map(str, args.prompt_lens),
+    ]
 
     def launch(variant: str) -> subprocess.Popen:
         log = open(work / f"{variant}.log", "w")
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--run-one", variant, json.dumps(models), str(work / f"{variant}.json")]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            *argv,
+            "--run-one",
+            variant,
+            json.dumps(models),
+            str(work / f"{variant}.json"),
+        ]
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
     started = time.time()
@@ -258,33 +326,51 @@ def main() -> int:
             v, proc, t0 = item
             if proc.poll() is not None:
                 running.remove(item)
-                print(f"[{time.time() - started:6.0f} s] {v}: exit {proc.returncode} "
-                      f"({time.time() - t0:.0f} s)", flush=True)
+                print(
+                    f"[{time.time() - started:6.0f} s] {v}: exit {proc.returncode} "
+                    f"({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
                 if proc.returncode != 0:
                     print((work / f"{v}.log").read_text()[-3000:])
         time.sleep(1)
 
-    results = {v: json.loads((work / f"{v}.json").read_text())
-               for v in variants if (work / f"{v}.json").exists()}
+    results = {
+        v: json.loads((work / f"{v}.json").read_text())
+        for v in variants
+        if (work / f"{v}.json").exists()
+    }
     reference = results["target"]["tokens"]
-    print(f"\nvLLM {__import__('vllm').__version__}, {args.device}, {args.backend}, {args.dtype}, "
-          f"block size {args.block_size}, K={NUM_SPEC}, draft sliding_window={SLIDING_WINDOW}, "
-          f"prompt lens {args.prompt_lens}, {args.max_tokens} greedy tokens")
+    print(
+        f"\nvLLM {__import__('vllm').__version__}, {args.device}, {args.backend}, {args.dtype}, "
+        f"block size {args.block_size}, K={NUM_SPEC}, draft sliding_window={SLIDING_WINDOW}, "
+        f"prompt lens {args.prompt_lens}, {args.max_tokens} greedy tokens"
+    )
     reproduced = False
     for v, r in results.items():
         same = [a == b for a, b in zip(r["tokens"], reference)]
-        first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-                 for a, b in zip(r["tokens"], reference)]
-        acc = (f"{int(r['accepted'])}/{int(r['drafted'])} draft tokens accepted"
-               if r.get("drafted") else "no speculation")
-        print(f"{v:16s} identical to target: {sum(same)}/{len(same)} prompts "
-              f"(first differing token per prompt: {first}); {acc}; "
-              f"KV cache {r['kv_cache_tokens']} tokens; groups "
-              f"{[g[0] for g in r['kv_cache_groups'] or []]}")
+        first = [
+            next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            for a, b in zip(r["tokens"], reference)
+        ]
+        acc = (
+            f"{int(r['accepted'])}/{int(r['drafted'])} draft tokens accepted"
+            if r.get("drafted")
+            else "no speculation"
+        )
+        print(
+            f"{v:16s} identical to target: {sum(same)}/{len(same)} prompts "
+            f"(first differing token per prompt: {first}); {acc}; "
+            f"KV cache {r['kv_cache_tokens']} tokens; groups "
+            f"{[g[0] for g in r['kv_cache_groups'] or []]}"
+        )
         if "swa" in v and not v.endswith("_fixed") and not all(same):
             reproduced = True
-    print("\nREPRODUCED: a sliding-window draft changed the target's greedy output"
-          if reproduced else "\nnot reproduced")
+    print(
+        "\nREPRODUCED: a sliding-window draft changed the target's greedy output"
+        if reproduced
+        else "\nnot reproduced"
+    )
     return 1 if reproduced else 0
 
 

@@ -23,10 +23,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dspark_compile.kernels.markov_sampling_triton import (MAX_CANDIDATES,  # noqa: E402
-                                                           UPPER_ABS_SLACK)
-from dspark_compile.kernels.markov_sampling import (gumbel_from_bits,  # noqa: E402
-                                                    noise_bits)
+from dspark_compile.kernels.markov_sampling import (
+    gumbel_from_bits,  # noqa: E402
+    noise_bits,
+)
+from dspark_compile.kernels.markov_sampling_triton import (
+    MAX_CANDIDATES,  # noqa: E402
+    UPPER_ABS_SLACK,
+)
 
 _LN2 = 0.6931471805599453
 
@@ -45,13 +49,16 @@ def classify(upper: torch.Tensor, exact: torch.Tensor, block: int) -> tuple[str,
     padded = math.ceil(upper.numel() / block) * block
     up = torch.full((padded,), -math.inf)
     ex = torch.full((padded,), -math.inf)
-    up[:upper.numel()], ex[:exact.numel()] = upper, exact
+    up[: upper.numel()], ex[: exact.numel()] = upper, exact
     up, ex = up.view(-1, block), ex.view(-1, block)
-    top, where = up.max(0)                       # first maximum per lane
-    second = (up.sort(0, descending=True).values[1] if up.shape[0] > 1
-              else torch.full((block,), -math.inf))
+    top, where = up.max(0)  # first maximum per lane
+    second = (
+        up.sort(0, descending=True).values[1]
+        if up.shape[0] > 1
+        else torch.full((block,), -math.inf)
+    )
     tokens = where * block + torch.arange(block)
-    pivot = int(torch.where(top == top.max(), tokens, padded).argmin())   # its lane
+    pivot = int(torch.where(top == top.max(), tokens, padded).argmin())  # its lane
     floor = ex[where[pivot], pivot] - UPPER_ABS_SLACK
     candidates = int((top >= floor).sum())
     if bool((second >= floor).any()):
@@ -77,10 +84,12 @@ def main(argv=None) -> int:
         parser.error(f"--temperature={args.temperature} is invalid: expected > 0")
     torch.manual_seed(0)
     rows, vocab = args.requests, args.vocab
-    logits = (torch.randn(rows, vocab).bfloat16().float()
-              + (torch.randn(rows, vocab) * 0.58).bfloat16().float())
-    seeds = torch.randint(-2 ** 62, 2 ** 62, (rows,))
-    positions = torch.randint(0, 2 ** 20, (rows,))
+    logits = (
+        torch.randn(rows, vocab).bfloat16().float()
+        + (torch.randn(rows, vocab) * 0.58).bfloat16().float()
+    )
+    seeds = torch.randint(-(2**62), 2**62, (rows,))
+    positions = torch.randint(0, 2**20, (rows,))
     paths = {"alone": 0, "few": 0, "crowded": 0, "many": 0}
     total_candidates = 0
     for step in range(args.steps):
@@ -90,15 +99,18 @@ def main(argv=None) -> int:
         for row in range(rows):
             for start in range(0, vocab, args.span):
                 stop = min(start + args.span, vocab)
-                path, candidates = classify(upper[row, start:stop], exact[row, start:stop],
-                                            args.block)
+                path, candidates = classify(
+                    upper[row, start:stop], exact[row, start:stop], args.block
+                )
                 paths[path] += 1
                 total_candidates += candidates
         print(f"step {step + 1}/{args.steps}: {paths}", flush=True)
     programs = sum(paths.values())
-    print(f"{programs} programs: {paths['alone']} pivot alone, {paths['few']} with 2.."
-          f"{MAX_CANDIDATES} candidates, {paths['crowded']} crowded, {paths['many']} with more; "
-          f"{total_candidates / programs:.3f} candidates per program")
+    print(
+        f"{programs} programs: {paths['alone']} pivot alone, {paths['few']} with 2.."
+        f"{MAX_CANDIDATES} candidates, {paths['crowded']} crowded, {paths['many']} with more; "
+        f"{total_candidates / programs:.3f} candidates per program"
+    )
     return 0
 
 

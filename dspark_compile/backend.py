@@ -30,7 +30,8 @@ from dspark_compile.routes.torchair import compile_with_torchair, on_npu
 logger = logging.getLogger(__name__)
 
 _GRAPH_HOOK: contextvars.ContextVar[Optional[GraphHook]] = contextvars.ContextVar(
-    "dspark_graph_hook", default=None)
+    "dspark_graph_hook", default=None
+)
 
 
 @contextlib.contextmanager
@@ -50,8 +51,10 @@ def compile_caches_off():
     cache hit reuses the rewritten graph without running our passes, so nothing would
     be recorded (``pass_records``, ``graph_hook``)."""
     with contextlib.ExitStack() as stack:
-        for config, key in ((torch._inductor.config, "fx_graph_cache"),
-                            (torch._functorch.config, "enable_autograd_cache")):
+        for config, key in (
+            (torch._inductor.config, "fx_graph_cache"),
+            (torch._functorch.config, "enable_autograd_cache"),
+        ):
             if hasattr(config, key):
                 stack.enter_context(config.patch({key: False}))
         yield
@@ -65,23 +68,31 @@ def build_passes(config: DraftWindowConfig, decompositions: str) -> list[GraphPa
     return passes
 
 
-def dspark_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                   options: Optional[Mapping[str, Any]] = None, mode: Optional[str] = None):
+def dspark_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Optional[Mapping[str, Any]] = None,
+    mode: Optional[str] = None,
+):
     """torch.compile backend: our passes, then Inductor (or eager, or torchair) lowering."""
     config, settings = parse_options(options, mode)
     npu = on_npu(example_inputs)
     settings.check_route(npu)
     if npu:
-        return compile_with_torchair(gm, example_inputs, PassManager(
-            build_passes(config, "none"), graph_hook=_GRAPH_HOOK.get()),
-            settings.resolved_torchair_mode)
+        return compile_with_torchair(
+            gm,
+            example_inputs,
+            PassManager(build_passes(config, "none"), graph_hook=_GRAPH_HOOK.get()),
+            settings.resolved_torchair_mode,
+        )
     if settings.lowering == "aot_eager":
         return _compile_aot_eager(gm, example_inputs, config)
     return _compile_inductor(gm, example_inputs, config, settings.mode, settings.inductor_config)
 
 
-def configured_backend(options: Optional[Mapping[str, Any]] = None,
-                       mode: Optional[str] = None) -> Callable[..., Any]:
+def configured_backend(
+    options: Optional[Mapping[str, Any]] = None, mode: Optional[str] = None
+) -> Callable[..., Any]:
     """``dspark_backend`` with ``options`` validated NOW (``torch.compile`` validates a
     string backend's options only at the first call)::
 
@@ -96,8 +107,13 @@ def configured_backend(options: Optional[Mapping[str, Any]] = None,
     return dspark
 
 
-def _compile_inductor(gm, example_inputs, config: DraftWindowConfig, mode: Optional[str],
-                      inductor_config: Mapping[str, Any]):
+def _compile_inductor(
+    gm,
+    example_inputs,
+    config: DraftWindowConfig,
+    mode: Optional[str],
+    inductor_config: Mapping[str, Any],
+):
     from torch._inductor import config as inductor_cfg
     from torch._inductor.compile_fx import compile_fx
 
@@ -107,7 +123,8 @@ def _compile_inductor(gm, example_inputs, config: DraftWindowConfig, mode: Optio
     patches.update(inductor_config)
     chained = patches.get("post_grad_custom_post_pass", inductor_cfg.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = PassManager(
-        build_passes(config, "inductor"), chained=chained, graph_hook=_GRAPH_HOOK.get())
+        build_passes(config, "inductor"), chained=chained, graph_hook=_GRAPH_HOOK.get()
+    )
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 
@@ -125,8 +142,11 @@ def _compile_aot_eager(gm, example_inputs, config: DraftWindowConfig):
     def backward_compiler(graph_module: torch.fx.GraphModule, inputs):
         return make_boxed_func(graph_module)
 
-    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+    return aot_autograd(
+        fw_compiler=forward_compiler,
+        bw_compiler=backward_compiler,
+        keep_inference_input_mutations=True,
+    )(gm, example_inputs)
 
 
 def register_backend_name() -> None:

@@ -52,27 +52,40 @@ class DraftWindowConfig:
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS)
         if self.draft_window_size is not None:
-            check_int("draft_window_size", self.draft_window_size, 1,
-                       "a positive int, or None to turn the window off")
-        check_int("num_speculative_tokens", self.num_speculative_tokens, 1,
-                   "a positive int")
+            check_int(
+                "draft_window_size",
+                self.draft_window_size,
+                1,
+                "a positive int, or None to turn the window off",
+            )
+        check_int("num_speculative_tokens", self.num_speculative_tokens, 1, "a positive int")
         if self.future_offset is not None:
-            check_int("future_offset", self.future_offset, 0,
-                       "a non-negative int, or None to derive it from method")
+            check_int(
+                "future_offset",
+                self.future_offset,
+                0,
+                "a non-negative int, or None to derive it from method",
+            )
         if self.block_size is not None:
-            check_int("block_size", self.block_size, 1,
-                       "a positive int, or None to read it from the KV cache")
+            check_int(
+                "block_size",
+                self.block_size,
+                1,
+                "a positive int, or None to read it from the KV cache",
+            )
         if not isinstance(self.deepseek_v4_target, bool):
             raise ValueError(
                 f"deepseek_v4_target={self.deepseek_v4_target!r} is invalid: expected a bool"
             )
-        check_int("draft_sink_size", self.draft_sink_size, 0,
-                  "a non-negative int (0: no attention sinks)")
+        check_int(
+            "draft_sink_size", self.draft_sink_size, 0, "a non-negative int (0: no attention sinks)"
+        )
         if self.draft_sink_size and self.draft_window_size is None and self.method != "mtp":
             raise ValueError(
                 f"draft_sink_size={self.draft_sink_size} is invalid without a window: "
                 "attention sinks are kept beside the draft window; set draft_window_size "
-                "too, or draft_sink_size=0")
+                "too, or draft_sink_size=0"
+            )
         if self.method == "mtp" and self.draft_window_size is not None:
             logger.warning(
                 "draft_window_size=%d ignored: method='mtp' reuses the target's own "

@@ -47,11 +47,10 @@ class OptionError(*_option_error_base()):  # type: ignore[misc]
     """A bad ``options`` entry (a ``ValueError``)."""
 
     def __init__(self, message: str) -> None:
-        if len(_option_error_base()) == 2:   # ShortenTraceback takes the frame to cut at
+        if len(_option_error_base()) == 2:  # ShortenTraceback takes the frame to cut at
             _option_error_base()[1].__init__(self, message, first_useful_frame=None)
         else:  # pragma: no cover
             ValueError.__init__(self, message)
-
 
 
 def valid_options() -> tuple[str, ...]:
@@ -71,7 +70,7 @@ class BackendSettings:
     lowering: str = "inductor"
     mode: Optional[str] = None
     inductor_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    torchair_mode: Optional[str] = None   # None: "max-autotune" on the NPU route
+    torchair_mode: Optional[str] = None  # None: "max-autotune" on the NPU route
 
     @property
     def resolved_torchair_mode(self) -> str:
@@ -80,21 +79,27 @@ class BackendSettings:
     def check_route(self, on_npu: bool) -> None:
         """Options with no effect on the route the inputs' device selects are errors."""
         if on_npu:
-            for name, value, default in (("lowering", self.lowering, "inductor"),
-                                         ("mode", self.mode, None),
-                                         ("inductor_config", dict(self.inductor_config), {})):
+            for name, value, default in (
+                ("lowering", self.lowering, "inductor"),
+                ("mode", self.mode, None),
+                ("inductor_config", dict(self.inductor_config), {}),
+            ):
                 if value != default:
                     raise OptionError(
                         f"{name}={value!r} has no effect: the inputs are on an Ascend npu "
-                        "device, so the graph goes to torchair; set torchair_mode instead")
+                        "device, so the graph goes to torchair; set torchair_mode instead"
+                    )
         elif self.torchair_mode is not None:
             raise OptionError(
                 f"torchair_mode={self.torchair_mode!r} has no effect: it selects the compiler "
-                "on the Ascend route, and the inputs are not on an npu device")
+                "on the Ascend route, and the inputs are not on an npu device"
+            )
 
 
-def parse_options(options: Optional[Mapping[str, Any]], mode: Optional[str] = None,
-                  ) -> tuple[DraftWindowConfig, BackendSettings]:
+def parse_options(
+    options: Optional[Mapping[str, Any]],
+    mode: Optional[str] = None,
+) -> tuple[DraftWindowConfig, BackendSettings]:
     """Split and validate ``options`` (and ``torch.compile``'s ``mode``, if given)."""
     if options is not None and not isinstance(options, Mapping):
         raise OptionError(f"options={options!r} is invalid: expected a dict")
@@ -102,12 +107,16 @@ def parse_options(options: Optional[Mapping[str, Any]], mode: Optional[str] = No
     unknown = sorted(set(options) - set(valid_options()), key=str)
     if unknown:
         key = unknown[0]
-        raise OptionError(f"unknown dspark option {key!r}={options[key]!r}: valid options are "
-                          f"{', '.join(valid_options())}{did_you_mean(key, valid_options())}")
+        raise OptionError(
+            f"unknown dspark option {key!r}={options[key]!r}: valid options are "
+            f"{', '.join(valid_options())}{did_you_mean(key, valid_options())}"
+        )
     settings = {key: options.pop(key) for key in BACKEND_OPTIONS if key in options}
     if mode is not None and settings.get("mode", mode) != mode:
-        raise OptionError(f"mode={settings['mode']!r} in options conflicts with "
-                          f"torch.compile(mode={mode!r}): give it once")
+        raise OptionError(
+            f"mode={settings['mode']!r} in options conflicts with "
+            f"torch.compile(mode={mode!r}): give it once"
+        )
     if mode is not None:
         settings["mode"] = mode
     try:
@@ -127,8 +136,10 @@ def _check_backend_settings(settings: dict[str, Any]) -> None:
         check_choice("mode", settings["mode"], inductor_modes())
     inductor_config = settings.get("inductor_config", {})
     if not isinstance(inductor_config, Mapping):
-        raise OptionError(f"inductor_config={inductor_config!r} is invalid: expected a dict of "
-                          "torch._inductor.config settings")
+        raise OptionError(
+            f"inductor_config={inductor_config!r} is invalid: expected a dict of "
+            "torch._inductor.config settings"
+        )
     check_inductor_config(inductor_config)
     if lowering == "aot_eager":
         for name in ("mode", "inductor_config"):
@@ -136,7 +147,8 @@ def _check_backend_settings(settings: dict[str, Any]) -> None:
                 raise OptionError(
                     f"{name}={settings[name]!r} has no effect with lowering='aot_eager' (the "
                     f"graph runs eagerly after our passes): drop {name}, or use "
-                    "lowering='inductor'")
+                    "lowering='inductor'"
+                )
     if settings.get("torchair_mode") is not None:
         check_choice("torchair_mode", settings["torchair_mode"], TORCHAIR_MODES)
 
@@ -151,12 +163,14 @@ def check_inductor_config(patches: Mapping[str, Any]) -> None:
             raise OptionError(
                 f"inductor_config key {key!r} is invalid: expected a torch._inductor.config "
                 f"setting (dotted for nested ones, e.g. 'triton.cudagraphs')"
-                f"{did_you_mean(key, defaults)}")
+                f"{did_you_mean(key, defaults)}"
+            )
         expected = _expected_type(defaults[key])
         if expected is not None and not _has_type(value, expected):
             raise OptionError(
                 f"inductor_config[{key!r}]={value!r} is invalid: expected a "
-                f"{expected.__name__} (its default is {defaults[key]!r})")
+                f"{expected.__name__} (its default is {defaults[key]!r})"
+            )
 
 
 def _expected_type(default: Any) -> Optional[type]:

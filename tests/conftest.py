@@ -34,7 +34,10 @@ def pytest_runtest_call(item):
     try:
         return (yield)
     except Exception as error:
-        if (os.environ.get("TRITON_INTERPRET") == "1" and raised_by_defect(error)
-                and interpreter_defect()):
+        if (
+            os.environ.get("TRITON_INTERPRET") == "1"
+            and raised_by_defect(error)
+            and interpreter_defect()
+        ):
             pytest.skip(interpreter_defect())
         raise

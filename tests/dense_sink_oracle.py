@@ -8,8 +8,9 @@ def lower_bound(p, W, b, K):
     return max(p + 1 + K - W, 0) // b * b
 
 
-def dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
-                         query_start_loc, scale, causal, W, K, S):
+def dense_sink_attention(
+    query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, causal, W, K, S
+):
     """float64 attention over the FULL table with the explicit mask: a query at
     p sees j if ``j <= p`` (causal) and ``j < S_b or j >= lo(anchor)`` (anchor:
     p if causal, else the request's last position; ``S_b = ceil(S / b) * b``);
@@ -22,7 +23,7 @@ def dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
         q_len = locs[i + 1] - locs[i]
         if q_len == 0 or s == 0:
             continue
-        blocks = block_table[i, :-(-s // b)].long()
+        blocks = block_table[i, : -(-s // b)].long()
         k = key_cache[blocks].flatten(0, 1)[:s].double().cpu().repeat_interleave(group, 1)
         v = value_cache[blocks].flatten(0, 1)[:s].double().cpu().repeat_interleave(group, 1)
         mask = torch.zeros(q_len, s, dtype=torch.bool)
@@ -32,15 +33,14 @@ def dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
             for j in range(s):
                 in_window = W is None or j < sink_b or j >= lower_bound(anchor, W, b, K)
                 mask[r, j] = (j <= p or not causal) and in_window
-        q = query[locs[i]:locs[i + 1]].double().cpu()
+        q = query[locs[i] : locs[i + 1]].double().cpu()
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
-        out[locs[i]:locs[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v)
+        out[locs[i] : locs[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v)
     return out
 
 
-def random_window_cases(seed, count, block_sizes, max_window, max_sinks, max_seq, max_q,
-                        device):
+def random_window_cases(seed, count, block_sizes, max_window, max_sinks, max_seq, max_q, device):
     """Seeded random ``(batch, query, key_cache, value_cache, W, b, K, S, rand)`` cases
     (lengths, GQA, window, sinks); batches with no query token are skipped. ``rand(lo,
     hi)`` draws further ints from the same generator (e.g. a split count)."""

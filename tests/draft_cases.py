@@ -5,17 +5,23 @@ from __future__ import annotations
 import torch
 
 from dspark_compile.models import DraftModelConfig
-from dspark_compile.testing import DraftCase
-from dspark_compile.testing import make_draft_case as _make_draft_case
+from dspark_compile.testing import DraftCase, make_draft_case as _make_draft_case
 
-__all__ = ["DraftCase", "cuda_args", "make_draft_case", "post_pass_graph",
-           "run_eager_reference"]
+__all__ = ["DraftCase", "cuda_args", "make_draft_case", "post_pass_graph", "run_eager_reference"]
 
 
-def make_draft_case(seq_lens, q_lens, *, causal=False, num_layers=3, block_size=4,
-                    seed=0) -> DraftCase:
-    cfg = DraftModelConfig(hidden_size=64, num_layers=num_layers, num_heads=4, num_kv_heads=2,
-                           head_dim=16, intermediate_size=96, causal=causal)
+def make_draft_case(
+    seq_lens, q_lens, *, causal=False, num_layers=3, block_size=4, seed=0
+) -> DraftCase:
+    cfg = DraftModelConfig(
+        hidden_size=64,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        causal=causal,
+    )
     return _make_draft_case(seq_lens, q_lens, config=cfg, block_size=block_size, seed=seed)
 
 

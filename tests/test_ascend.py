@@ -21,17 +21,20 @@ import dspark_compile
 from dspark_compile import DraftWindowConfig
 from dspark_compile.backend import dspark_backend, graph_hook
 from dspark_compile.options import parse_options
+from dspark_compile.passes import DraftWindowPass, PassManager
 from dspark_compile.routes.ge_converters import ge_convertible_ops, is_ge_convertible, op_name
 from dspark_compile.routes.torchair import compile_with_torchair, on_npu
-from dspark_compile.passes import DraftWindowPass, PassManager
 from tests.draft_cases import make_draft_case, run_eager_reference
 
 TEST_DATA = Path(__file__).parent / "data" / "torchair_ge_converters.txt"
 
 
 def _listed(path: Path) -> set[str]:
-    return {line.strip() for line in path.read_text().splitlines()
-            if line.strip() and not line.startswith("#")}
+    return {
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
 
 
 def _inserted_nodes(model, args, options):
@@ -42,8 +45,9 @@ def _inserted_nodes(model, args, options):
         if stage.startswith("before_"):
             before[id(graph)] = set(graph.nodes)
         else:
-            inserted.extend(n for n in graph.nodes
-                            if n not in before[id(graph)] and n.op == "call_function")
+            inserted.extend(
+                n for n in graph.nodes if n not in before[id(graph)] and n.op == "call_function"
+            )
 
     backend = functools.partial(dspark_backend, options={**options, "lowering": "aot_eager"})
     with graph_hook(hook), torch.no_grad():
@@ -54,18 +58,34 @@ def _inserted_nodes(model, args, options):
 def test_test_data_is_a_subset_of_torchairs_converters():
     listed = _listed(TEST_DATA)
     assert listed <= ge_convertible_ops()
-    assert not {"torch.ops.aten.clamp_max.default", "torch.ops.aten.where.ScalarOther",
-                "torch.ops.prims.iota.default"} & ge_convertible_ops()
+    assert (
+        not {
+            "torch.ops.aten.clamp_max.default",
+            "torch.ops.aten.where.ScalarOther",
+            "torch.ops.prims.iota.default",
+        }
+        & ge_convertible_ops()
+    )
 
 
-@pytest.mark.parametrize("causal,options", [
-    (True, {"draft_window_size": 10, "method": "eagle3", "num_speculative_tokens": 2}),
-    (False, {"draft_window_size": 12, "method": "dflash"}),
-    # attention sinks: kept = clamp(start_block, max=nsink), the column map (ge, mul, add)
-    (True, {"draft_window_size": 10, "method": "eagle3", "num_speculative_tokens": 2,
-            "draft_sink_size": 6}),
-    (False, {"draft_window_size": 12, "method": "dflash", "draft_sink_size": 16}),
-])
+@pytest.mark.parametrize(
+    "causal,options",
+    [
+        (True, {"draft_window_size": 10, "method": "eagle3", "num_speculative_tokens": 2}),
+        (False, {"draft_window_size": 12, "method": "dflash"}),
+        # attention sinks: kept = clamp(start_block, max=nsink), the column map (ge, mul, add)
+        (
+            True,
+            {
+                "draft_window_size": 10,
+                "method": "eagle3",
+                "num_speculative_tokens": 2,
+                "draft_sink_size": 6,
+            },
+        ),
+        (False, {"draft_window_size": 12, "method": "dflash", "draft_sink_size": 16}),
+    ],
+)
 def test_window_pass_inserts_only_ge_convertible_ops(causal, options):
     case = make_draft_case([37, 9, 61], [2, 2, 2], causal=causal, num_layers=2)
     inserted = _inserted_nodes(case.model, case.args(*case.clone_caches()), options)
@@ -98,19 +118,23 @@ def test_check_ascend_on_a_graph_module_and_a_clean_graph():
     graph.output(graph.call_function(operator.getitem, ((where, x), 0)))
     # where.ScalarOther has no GE converter; getitem is evaluated in Python by torchair.
     assert dspark_compile.check_ascend(graph).unsupported == {
-        "torch.ops.aten.where.ScalarOther": [where.name]}
+        "torch.ops.aten.where.ScalarOther": [where.name]
+    }
     with pytest.raises(TypeError, match="fn_or_graph=3"):
         dspark_compile.check_ascend(3)
 
 
 def test_check_ascend_on_the_reference_draft_flags_only_the_reference_custom_ops():
     case = make_draft_case([37, 9], [2, 2], num_layers=2)
-    result = dspark_compile.check_ascend(case.model, *case.args(*case.clone_caches()),
-                                         options={"draft_window_size": 12})
+    result = dspark_compile.check_ascend(
+        case.model, *case.args(*case.clone_caches()), options={"draft_window_size": 12}
+    )
     # The window arithmetic and the model's own ATen ops convert; the reference
     # attention / KV-write custom ops (CPU stand-ins for NPU kernels) do not.
-    assert set(result.unsupported) == {"torch.ops.dspark.paged_attention.default",
-                                       "torch.ops.higher_order.auto_functionalized_v2"}
+    assert set(result.unsupported) == {
+        "torch.ops.dspark.paged_attention.default",
+        "torch.ops.higher_order.auto_functionalized_v2",
+    }
 
 
 def _fake_torchair(calls):
@@ -194,8 +218,12 @@ def test_backend_sends_npu_inputs_down_the_torchair_route(monkeypatch):
     monkeypatch.setattr(backend_module, "on_npu", lambda inputs: True)  # no NPU here
     case = make_draft_case([40, 23], [4, 4], causal=True, num_layers=2)
     want, _, _ = run_eager_reference(case, 12)
-    compiled = torch.compile(case.model, backend="dspark", dynamic=False, options={
-        "draft_window_size": 12, "torchair_mode": "reduce-overhead"})
+    compiled = torch.compile(
+        case.model,
+        backend="dspark",
+        dynamic=False,
+        options={"draft_window_size": 12, "torchair_mode": "reduce-overhead"},
+    )
     keys, values = case.clone_caches()
     with torch.no_grad():
         got = compiled(*case.args(keys, values))

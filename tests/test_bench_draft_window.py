@@ -31,10 +31,10 @@ def call(args):
 def test_window_kernel_analysis(bench):
     info = bench.analyse_window_kernels(WRAPPER)
     assert info["attention_calls"] == 2 and info["one_kernel_for_all_layers"]
-    assert info["producers"] == {"triton_poi_fused_0": {"launches": 1,
-                                                        "outputs": ["buf0", "buf1"]}}
+    assert info["producers"] == {"triton_poi_fused_0": {"launches": 1, "outputs": ["buf0", "buf1"]}}
     two = WRAPPER.replace("buf0, buf1, 8", "buf1, 8").replace(
-        "    buf2", "    triton_poi_fused_1.run(arg4_1, buf0, 4, stream=stream0)\n    buf2", 1)
+        "    buf2", "    triton_poi_fused_1.run(arg4_1, buf0, 4, stream=stream0)\n    buf2", 1
+    )
     info = bench.analyse_window_kernels(two)
     assert not info["one_kernel_for_all_layers"] and len(info["producers"]) == 2
 
@@ -42,12 +42,27 @@ def test_window_kernel_analysis(bench):
 def test_main_runs_tiny_sections_on_cpu(tmp_path):
     # A fresh process with the Triton interpreter on and no GPU visible, so the
     # kernels are decorated for the interpreter whatever machine runs the suite.
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]),
-                                          os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke-cpu", "--sections", "correct,meta",
-                           "--out", str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke-cpu",
+            "--sections",
+            "correct,meta",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["status"] == {"correct": True}
@@ -64,12 +79,29 @@ def test_unknown_section_is_rejected(bench):
 def test_sinks_section_runs_on_cpu(tmp_path):
     """--sections sinks --sink-size: a tiny CPU run (the script only; the GPU run
     checks the Triton kernels against the reference)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]),
-                                          os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke-cpu", "--sections", "sinks",
-                           "--sink-size", "16,40", "--out", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke-cpu",
+            "--sections",
+            "sinks",
+            "--sink-size",
+            "16,40",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     section = json.loads((tmp_path / "results.json").read_text())["sections"]["sinks"]
     assert section["all_pass"] and [row[1] for row in section["rows"]] == [0, 16, 40] * 2

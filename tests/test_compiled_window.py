@@ -13,20 +13,21 @@ from tests.draft_cases import make_draft_case, run_eager_reference
 
 CASES = [
     # (seq_lens, q_lens, causal, method, num_speculative_tokens, W)
-    ([37, 9, 64, 1], [1, 1, 1, 1], True, "eagle3", 2, 10),       # decode, W % b != 0
-    ([40, 23, 8, 61], [8, 8, 8, 8], False, "dflash", 1, 12),     # DFlash blocks, W < q_len + ...
-    ([50, 30, 5, 19], [6, 0, 5, 3], True, "dflash", 1, 16),      # empty request, seq < block
-    ([33, 70], [4, 4], False, "dspark", 1, 200),                  # W larger than every seq
-    ([33, 70], [4, 4], False, "dflash", 1, 60),                   # more window columns than
-    ([5, 9, 17], [1, 1, 1], True, "dflash", 1, 40),               #   the full table has
+    ([37, 9, 64, 1], [1, 1, 1, 1], True, "eagle3", 2, 10),  # decode, W % b != 0
+    ([40, 23, 8, 61], [8, 8, 8, 8], False, "dflash", 1, 12),  # DFlash blocks, W < q_len + ...
+    ([50, 30, 5, 19], [6, 0, 5, 3], True, "dflash", 1, 16),  # empty request, seq < block
+    ([33, 70], [4, 4], False, "dspark", 1, 200),  # W larger than every seq
+    ([33, 70], [4, 4], False, "dflash", 1, 60),  # more window columns than
+    ([5, 9, 17], [1, 1, 1], True, "dflash", 1, 40),  #   the full table has
     ([50, 30], [2, 2], False, "eagle3", 1, 33),
 ]
 
 
 def _compile(model, lowering, **options):
     torch._dynamo.reset()
-    return torch.compile(model, backend="dspark",
-                         options={"lowering": lowering, **options}, dynamic=False)
+    return torch.compile(
+        model, backend="dspark", options={"lowering": lowering, **options}, dynamic=False
+    )
 
 
 @pytest.mark.parametrize("lowering", ["aot_eager", "inductor"])
@@ -38,8 +39,9 @@ def test_compiled_equals_windowed_reference(lowering, seq_lens, q_lens, causal, 
     full, _, _ = run_eager_reference(case, None)
 
     dspark_compile.clear_pass_records()
-    compiled = _compile(case.model, lowering, draft_window_size=W, method=method,
-                        num_speculative_tokens=nst)
+    compiled = _compile(
+        case.model, lowering, draft_window_size=W, method=method, num_speculative_tokens=nst
+    )
     keys, values = case.clone_caches()
     with torch.no_grad():
         got = compiled(*case.args(keys, values))
@@ -77,13 +79,21 @@ def test_window_off_matches_full_attention(lowering):
 def test_graph_without_attention_is_left_unchanged():
     dspark_compile.clear_pass_records()
     torch._dynamo.reset()
-    fn = torch.compile(lambda x: torch.relu(x) * 2, backend="dspark",
-                       options={"draft_window_size": 8, "lowering": "aot_eager"})
+    fn = torch.compile(
+        lambda x: torch.relu(x) * 2,
+        backend="dspark",
+        options={"draft_window_size": 8, "lowering": "aot_eager"},
+    )
     x = torch.randn(5)
     torch.testing.assert_close(fn(x), torch.relu(x) * 2)
     [record] = dspark_compile.pass_records()
-    assert record.stats == {"attention_calls": 0, "rewritten": 0, "window_computations": 0,
-                            "host_mirrors_windowed": 0, "upper_bounds_windowed": 0}
+    assert record.stats == {
+        "attention_calls": 0,
+        "rewritten": 0,
+        "window_computations": 0,
+        "host_mirrors_windowed": 0,
+        "upper_bounds_windowed": 0,
+    }
 
 
 def test_post_pass_graph_has_one_window_for_all_layers():
@@ -99,10 +109,11 @@ def test_post_pass_graph_has_one_window_for_all_layers():
     from dspark_compile.backend import build_passes
     from dspark_compile.passes import PassManager
 
-    manager = PassManager(build_passes(DraftWindowConfig(draft_window_size=8), "none"),
-                          graph_hook=hook)
-    from torch._dynamo.backends.common import aot_autograd
+    manager = PassManager(
+        build_passes(DraftWindowConfig(draft_window_size=8), "none"), graph_hook=hook
+    )
     from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
 
     def fw(gm, _):
         manager(gm.graph)
@@ -142,24 +153,30 @@ def test_inductor_fuses_window_arithmetic_and_gather_into_one_kernel():
     """On CPU, Inductor emits the window (lengths + gathered table) as ONE C++ kernel
     launched once per step, and every layer's attention reads its outputs."""
     case = make_draft_case([45, 12, 30], [1, 1, 1], causal=True, num_layers=3)
-    compiled = torch.compile(case.model, backend="dspark",
-                             options={"draft_window_size": 8}, dynamic=False)
+    compiled = torch.compile(
+        case.model, backend="dspark", options={"draft_window_size": 8}, dynamic=False
+    )
     with torch.no_grad():
         _, [code] = run_and_get_code(compiled, *case.args(*case.clone_caches()))
-    call_body = code[code.index("def call("):]
+    call_body = code[code.index("def call(") :]
     # The window's floor(x / b): a helper call (floor_divide_integral on torch 2.14,
     # div_floor_integer) or, on torch 2.11, inlined as
     # "(a < 0) != (b < 0) ? (a % b != 0 ? a / b - 1 : a / b) : a / b"; the gather is an
     # indexed load.
-    window_kernels = [name for name, body in _cpp_kernels(code).items()
-                      if "floor_divide_integral" in body or "div_floor_integer" in body
-                      or re.search(r"% \w+ != 0 \? \w+ / \w+ - 1 :", body)]
+    window_kernels = [
+        name
+        for name, body in _cpp_kernels(code).items()
+        if "floor_divide_integral" in body
+        or "div_floor_integer" in body
+        or re.search(r"% \w+ != 0 \? \w+ / \w+ - 1 :", body)
+    ]
     assert len(window_kernels) == 1, code
     launches = re.findall(rf"^\s*{window_kernels[0]}\((.*)\)$", call_body, re.M)
     assert len(launches) == 1
     kernel_args = {a.strip() for a in launches[0].split(",")}
-    attention = re.findall(r"torch\.ops\.dspark\.paged_attention\.default\((.*)\)$",
-                           call_body, re.M)
+    attention = re.findall(
+        r"torch\.ops\.dspark\.paged_attention\.default\((.*)\)$", call_body, re.M
+    )
     assert len(attention) == 3
     if _window_fn() is not window_seq_lens_and_block_table_packed:  # torch < 2.14
         for call in attention:  # (query, key_cache, value_cache, table, lens, ...)
@@ -180,24 +197,28 @@ def test_inductor_fuses_window_arithmetic_and_gather_into_one_kernel():
 def _cpp_kernels(code: str) -> dict:
     kernels = {}
     for match in re.finditer(r"(cpp_fused_\w+) = async_compile\.cpp_pybinding\(", code):
-        end = code.find("\'\'\')", match.end())
-        kernels[match.group(1)] = code[match.end():end]
+        end = code.find("''')", match.end())
+        kernels[match.group(1)] = code[match.end() : end]
     return kernels
 
 
 def test_unknown_option_lists_valid_ones():
     torch._dynamo.reset()
     fn = torch.compile(lambda x: x + 1, backend="dspark", options={"windw": 8})
-    with pytest.raises(ValueError, match=r"unknown dspark option 'windw'=8: valid options are "
-                                         r"draft_window_size"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown dspark option 'windw'=8: valid options are "
+        r"draft_window_size",
+    ):
         fn(torch.ones(2))
 
 
 def test_bad_lowering_is_rejected():
     torch._dynamo.reset()
     fn = torch.compile(lambda x: x + 1, backend="dspark", options={"lowering": "tvm"})
-    with pytest.raises(ValueError,
-                       match=r"lowering='tvm' is invalid: expected one of inductor, aot_eager"):
+    with pytest.raises(
+        ValueError, match=r"lowering='tvm' is invalid: expected one of inductor, aot_eager"
+    ):
         fn(torch.ones(2))
 
 

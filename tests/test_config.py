@@ -7,8 +7,10 @@ import pytest
 from dspark_compile import DraftWindowConfig
 
 
-@pytest.mark.parametrize("method,expected", [("eagle3", 3), ("eagle", 3), ("draft_model", 3),
-                                             ("dflash", 0), ("dspark", 0)])
+@pytest.mark.parametrize(
+    "method,expected",
+    [("eagle3", 3), ("eagle", 3), ("draft_model", 3), ("dflash", 0), ("dspark", 0)],
+)
 def test_future_offset_derived_from_method(method, expected):
     config = DraftWindowConfig(draft_window_size=64, method=method, num_speculative_tokens=3)
     assert config.resolved_future_offset == expected
@@ -23,21 +25,24 @@ def test_off_by_default():
     assert not DraftWindowConfig().enabled
 
 
-@pytest.mark.parametrize("field,value,allowed", [
-    ("draft_window_size", 0, "positive int"),
-    ("draft_window_size", -4, "positive int"),
-    ("draft_window_size", 2.5, "positive int"),
-    ("draft_window_size", "2048", "positive int"),
-    ("draft_window_size", True, "positive int"),
-    ("method", "medusa", "eagle3, eagle, draft_model, dflash, dspark, mtp"),
-    ("num_speculative_tokens", 0, "positive int"),
-    ("future_offset", -1, "non-negative int"),
-    ("block_size", 0, "positive int"),
-    ("deepseek_v4_target", "yes", "a bool"),
-    ("draft_sink_size", -1, "non-negative int"),
-    ("draft_sink_size", 1.5, "non-negative int"),
-    ("draft_sink_size", True, "non-negative int"),
-])
+@pytest.mark.parametrize(
+    "field,value,allowed",
+    [
+        ("draft_window_size", 0, "positive int"),
+        ("draft_window_size", -4, "positive int"),
+        ("draft_window_size", 2.5, "positive int"),
+        ("draft_window_size", "2048", "positive int"),
+        ("draft_window_size", True, "positive int"),
+        ("method", "medusa", "eagle3, eagle, draft_model, dflash, dspark, mtp"),
+        ("num_speculative_tokens", 0, "positive int"),
+        ("future_offset", -1, "non-negative int"),
+        ("block_size", 0, "positive int"),
+        ("deepseek_v4_target", "yes", "a bool"),
+        ("draft_sink_size", -1, "non-negative int"),
+        ("draft_sink_size", 1.5, "non-negative int"),
+        ("draft_sink_size", True, "non-negative int"),
+    ],
+)
 def test_bad_values_name_field_value_and_allowed(field, value, allowed):
     kwargs = {"draft_window_size": 64, field: value}
     with pytest.raises(ValueError) as err:
@@ -66,8 +71,9 @@ def test_dspark_with_deepseek_v4_target_warns(caplog):
 
 
 def test_from_mapping_rejects_unknown_keys():
-    with pytest.raises(ValueError,
-                       match=r"unknown draft-window option\(s\) \['window'\].*draft_window_size"):
+    with pytest.raises(
+        ValueError, match=r"unknown draft-window option\(s\) \['window'\].*draft_window_size"
+    ):
         DraftWindowConfig.from_mapping({"window": 8})
 
 
@@ -78,7 +84,9 @@ def test_sink_size_defaults_to_zero_and_needs_the_window():
 
 
 def test_sink_size_is_part_of_the_hashed_config():
-    plain, sinks = DraftWindowConfig(draft_window_size=64), \
-        DraftWindowConfig(draft_window_size=64, draft_sink_size=16)
+    plain, sinks = (
+        DraftWindowConfig(draft_window_size=64),
+        DraftWindowConfig(draft_window_size=64, draft_sink_size=16),
+    )
     assert plain.as_dict()["draft_sink_size"] == 0 and sinks.as_dict()["draft_sink_size"] == 16
     assert plain != sinks and hash(plain) != hash(sinks)

@@ -7,12 +7,13 @@ import torch
 
 import dspark_compile  # noqa: F401  (registers torch.ops.dspark.*)
 from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
-from dspark_compile.kernels import sparse_mla as ref
-from dspark_compile.kernels import markov_sampling_triton as markov_triton
+from dspark_compile.kernels import markov_sampling_triton as markov_triton, sparse_mla as ref
 from dspark_compile.kernels.markov_sampling_triton import sample_sequential_triton
 from dspark_compile.kernels.mla_cache_write_triton import mla_cache_write_triton
 from dspark_compile.kernels.sparse_mla_grouped_triton import (
-    GroupedMLAConfig, grouped_sparse_mla_attention_triton)
+    GroupedMLAConfig,
+    grouped_sparse_mla_attention_triton,
+)
 from dspark_compile.models import DSparkMarkovHead, make_paged_batch, sample_sequential
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -22,12 +23,12 @@ def _index_args(batch):
     return batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping
 
 
-def _mla_case(seq_lens, q_lens, block_size, window, heads, lora, rope, noncausal, seed,
-              dtype=torch.float32):
+def _mla_case(
+    seq_lens, q_lens, block_size, window, heads, lora, rope, noncausal, seed, dtype=torch.float32
+):
     gen = torch.Generator().manual_seed(seed)
     batch = make_paged_batch(seq_lens, q_lens, block_size, generator=gen)
-    width = (noncausal_width(window, max(q_lens)) if noncausal
-             else causal_width(window))
+    width = noncausal_width(window, max(q_lens)) if noncausal else causal_width(window)
     fn = ref.noncausal_swa_indices_ref if noncausal else ref.swa_indices_ref
     indices = fn(*_index_args(batch), block_size, window, width)
     query = torch.randn(batch.num_tokens, heads, lora + rope, generator=gen).to(dtype)
@@ -41,13 +42,29 @@ def _mla_case(seq_lens, q_lens, block_size, window, heads, lora, rope, noncausal
 # split partly or wholly past the live columns.
 GROUPED_CASES = [
     ([21, 9, 0, 3, 40], [4, 4, 0, 3, 5], 4, 8, 3, 32, 16, GroupedMLAConfig(block_n=16)),
-    ([21, 9, 0, 3, 40], [4, 4, 0, 3, 5], 4, 8, 3, 32, 16,
-     GroupedMLAConfig(block_n=16, num_splits=3)),
+    (
+        [21, 9, 0, 3, 40],
+        [4, 4, 0, 3, 5],
+        4,
+        8,
+        3,
+        32,
+        16,
+        GroupedMLAConfig(block_n=16, num_splits=3),
+    ),
     ([150, 40], [8, 8], 5, 128, 4, 16, 8, GroupedMLAConfig(group=4, block_n=32, num_splits=4)),
     ([12, 20], [4, 4], 4, 100, 2, 16, 16, GroupedMLAConfig(group=8, block_n=16, num_splits=2)),
     # the pre-scan in 16-column steps (several steps, the last one partial)
-    ([21, 9, 0, 3, 40], [4, 4, 0, 3, 5], 4, 8, 3, 32, 16,
-     GroupedMLAConfig(block_n=16, num_splits=2, scan_block=16)),
+    (
+        [21, 9, 0, 3, 40],
+        [4, 4, 0, 3, 5],
+        4,
+        8,
+        3,
+        32,
+        16,
+        GroupedMLAConfig(block_n=16, num_splits=2, scan_block=16),
+    ),
     # a scan step wider than the rows
     ([150, 40], [8, 8], 5, 128, 4, 16, 8, GroupedMLAConfig(block_n=32, scan_block=1024)),
 ]
@@ -55,14 +72,17 @@ GROUPED_CASES = [
 
 @pytest.mark.parametrize("noncausal", [True, False])
 @pytest.mark.parametrize("seq_lens,q_lens,b,window,heads,lora,rope,config", GROUPED_CASES)
-def test_grouped_sparse_mla_matches_reference(noncausal, seq_lens, q_lens, b, window, heads,
-                                             lora, rope, config):
-    query, kv_cache, indices = _mla_case(seq_lens, q_lens, b, window, heads, lora, rope,
-                                         noncausal, seed=sum(seq_lens) + window)
+def test_grouped_sparse_mla_matches_reference(
+    noncausal, seq_lens, q_lens, b, window, heads, lora, rope, config
+):
+    query, kv_cache, indices = _mla_case(
+        seq_lens, q_lens, b, window, heads, lora, rope, noncausal, seed=sum(seq_lens) + window
+    )
     scale = (lora + rope) ** -0.5
     want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, scale, lora)
-    got = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
-                                              indices.to(DEVICE), scale, lora, config).cpu()
+    got = grouped_sparse_mla_attention_triton(
+        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), scale, lora, config
+    ).cpu()
     assert got.shape == want.shape and got.dtype == query.dtype
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
@@ -76,21 +96,26 @@ def test_grouped_launch_that_does_not_fit_retries_smaller_shapes(monkeypatch):
     from dspark_compile.kernels import sparse_mla_grouped_triton as grouped
 
     query, kv_cache, indices = _mla_case([21, 40], [4, 5], 4, 8, 3, 32, 16, True, seed=5)
-    scale = 48 ** -0.5
+    scale = 48**-0.5
     want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, scale, 32)
     real_launch, tried = grouped._launch, []
 
     def small_gpu(*args):
         cfg = args[-1]
         tried.append((cfg.block_n, cfg.num_stages))
-        if cfg.block_n > 16:                           # "needs too much shared memory"
+        if cfg.block_n > 16:  # "needs too much shared memory"
             raise triton.runtime.errors.OutOfResources(2, 1, "shared memory")
         return real_launch(*args)
 
     monkeypatch.setattr(grouped, "_launch", small_gpu)
     got = grouped_sparse_mla_attention_triton(
-        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), scale, 32,
-        GroupedMLAConfig(block_n=32, num_stages=2)).cpu()
+        query.to(DEVICE),
+        kv_cache.to(DEVICE),
+        indices.to(DEVICE),
+        scale,
+        32,
+        GroupedMLAConfig(block_n=32, num_stages=2),
+    ).cpu()
     assert tried == [(32, 2), (32, 1), (16, 2)]
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 
@@ -108,11 +133,14 @@ def test_grouped_sparse_mla_mixed_rows_holes_and_empty_tokens():
     indices[4, 3:9] = torch.arange(6, dtype=torch.int32)
     indices[5] = indices[4]
     want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, 0.3, 16)
-    for config in (GroupedMLAConfig(group=4, block_n=16),
-                   GroupedMLAConfig(group=2, block_n=16, num_splits=2),
-                   GroupedMLAConfig(group=4, block_n=16, scan_block=8)):
-        got = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
-                                                  indices.to(DEVICE), 0.3, 16, config).cpu()
+    for config in (
+        GroupedMLAConfig(group=4, block_n=16),
+        GroupedMLAConfig(group=2, block_n=16, num_splits=2),
+        GroupedMLAConfig(group=4, block_n=16, scan_block=8),
+    ):
+        got = grouped_sparse_mla_attention_triton(
+            query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), 0.3, 16, config
+        ).cpu()
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
         assert (got[3] == 0).all()
 
@@ -128,35 +156,41 @@ def _poison_unlisted_rows(kv_cache, indices):
 
 
 @pytest.mark.parametrize("noncausal", [True, False])
-@pytest.mark.parametrize("config", [GroupedMLAConfig(block_n=16),
-                                    GroupedMLAConfig(group=2, block_n=16, num_splits=3)])
+@pytest.mark.parametrize(
+    "config", [GroupedMLAConfig(block_n=16), GroupedMLAConfig(group=2, block_n=16, num_splits=3)]
+)
 def test_sparse_mla_ignores_unlisted_cache_rows(noncausal, config):
     """Cache rows outside the indices hold NaN (a block's rows past the window, rows
     before it, other requests' blocks): the reference, the grouped kernel and the
     per-token kernel never read them into the output."""
     from dspark_compile.kernels.sparse_mla_triton import sparse_mla_attention_triton
 
-    query, kv_cache, indices = _mla_case([90, 37, 5, 0, 61], [8, 8, 4, 0, 8], 16, 40, 3, 32, 16,
-                                         noncausal, seed=209)
+    query, kv_cache, indices = _mla_case(
+        [90, 37, 5, 0, 61], [8, 8, 4, 0, 8], 16, 40, 3, 32, 16, noncausal, seed=209
+    )
     clean = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, 0.2, 32)
     kv_cache = _poison_unlisted_rows(kv_cache, indices)
     # slot 0 unlisted and rows with -1 holes: a gather that reads slot 0 for a hole sees NaN
     assert torch.isnan(kv_cache.reshape(-1, 48)[0]).all() and (indices < 0).any()
     want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), indices, 0.2, 32)
     assert torch.equal(want, clean)
-    grouped = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
-                                                  indices.to(DEVICE), 0.2, 32, config).cpu()
-    per_token = sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
-                                            indices.to(DEVICE), 0.2, 32).cpu()
+    grouped = grouped_sparse_mla_attention_triton(
+        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), 0.2, 32, config
+    ).cpu()
+    per_token = sparse_mla_attention_triton(
+        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), 0.2, 32
+    ).cpu()
     for got in (grouped, per_token):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_grouped_config_is_validated():
-    for bad, message in ((dict(scan_block=100), "scan_block=100 is invalid: expected a power"),
-                         (dict(group=3), "group=3 is invalid"),
-                         (dict(num_stages=0), "num_stages=0"),
-                         (dict(num_splits=0), "num_splits=0")):
+    for bad, message in (
+        (dict(scan_block=100), "scan_block=100 is invalid: expected a power"),
+        (dict(group=3), "group=3 is invalid"),
+        (dict(num_stages=0), "num_stages=0"),
+        (dict(num_splits=0), "num_splits=0"),
+    ):
         with pytest.raises(ValueError, match=message):
             GroupedMLAConfig(**bad)
 
@@ -166,34 +200,47 @@ def test_grouped_sparse_mla_trailing_padding_changes_nothing(noncausal):
     """Rows padded with three more tiles of ``-1`` (rows end at several columns, mid-tile
     and on a tile edge): the result is the reference's, with or without column splits,
     and without splits bit for bit the unpadded launch's."""
-    query, kv_cache, indices = _mla_case([150, 40, 64, 3], [8, 8, 8, 3], 16, 48, 4, 32, 16,
-                                         noncausal, seed=43)
-    padded = torch.cat([indices, torch.full((indices.shape[0], 3 * 16 + 5), -1,
-                                            dtype=torch.int32)], dim=1)
+    query, kv_cache, indices = _mla_case(
+        [150, 40, 64, 3], [8, 8, 8, 3], 16, 48, 4, 32, 16, noncausal, seed=43
+    )
+    padded = torch.cat(
+        [indices, torch.full((indices.shape[0], 3 * 16 + 5), -1, dtype=torch.int32)], dim=1
+    )
     want = ref.sparse_mla_attention_ref(query.double(), kv_cache.double(), padded, 0.2, 32)
     args = (query.to(DEVICE), kv_cache.to(DEVICE))
-    for config in (GroupedMLAConfig(block_n=16, num_splits=1),
-                   GroupedMLAConfig(block_n=16, num_splits=3)):
-        got = grouped_sparse_mla_attention_triton(*args, padded.to(DEVICE), 0.2, 32,
-                                                  config).cpu()
+    for config in (
+        GroupedMLAConfig(block_n=16, num_splits=1),
+        GroupedMLAConfig(block_n=16, num_splits=3),
+    ):
+        got = grouped_sparse_mla_attention_triton(*args, padded.to(DEVICE), 0.2, 32, config).cpu()
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
-    plain = grouped_sparse_mla_attention_triton(*args, indices.to(DEVICE), 0.2, 32,
-                                                GroupedMLAConfig(block_n=16, num_splits=1))
-    unsplit = grouped_sparse_mla_attention_triton(*args, padded.to(DEVICE), 0.2, 32,
-                                                  GroupedMLAConfig(block_n=16, num_splits=1))
+    plain = grouped_sparse_mla_attention_triton(
+        *args, indices.to(DEVICE), 0.2, 32, GroupedMLAConfig(block_n=16, num_splits=1)
+    )
+    unsplit = grouped_sparse_mla_attention_triton(
+        *args, padded.to(DEVICE), 0.2, 32, GroupedMLAConfig(block_n=16, num_splits=1)
+    )
     assert torch.equal(unsplit, plain)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="bf16 Triton path needs a GPU (the interpreter mishandles bf16)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="bf16 Triton path needs a GPU (the interpreter mishandles bf16)",
+)
 def test_grouped_sparse_mla_bf16():
-    query, kv_cache, indices = _mla_case([90, 37], [8, 8], 16, 64, 16, 64, 32, True, seed=5,
-                                         dtype=torch.bfloat16)
-    scale = 96 ** -0.5
+    query, kv_cache, indices = _mla_case(
+        [90, 37], [8, 8], 16, 64, 16, 64, 32, True, seed=5, dtype=torch.bfloat16
+    )
+    scale = 96**-0.5
     want = ref.sparse_mla_attention_ref(query.float(), kv_cache.float(), indices, scale, 64)
-    got = grouped_sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
-                                              indices.to(DEVICE), scale, 64,
-                                              GroupedMLAConfig(block_n=32)).cpu()
+    got = grouped_sparse_mla_attention_triton(
+        query.to(DEVICE),
+        kv_cache.to(DEVICE),
+        indices.to(DEVICE),
+        scale,
+        64,
+        GroupedMLAConfig(block_n=32),
+    ).cpu()
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
 
@@ -209,9 +256,9 @@ def test_mla_cache_write_triton_matches_reference(slot_dtype):
     got = cache.to(DEVICE)
     mla_cache_write_triton(kv.to(DEVICE), got, slots.to(DEVICE))
     assert torch.equal(got.cpu(), want)
-    assert torch.equal(got.cpu()[0, 1], cache[0, 1])          # slot 1 untouched
+    assert torch.equal(got.cpu()[0, 1], cache[0, 1])  # slot 1 untouched
     half = cache.to(torch.float16).to(DEVICE)
-    mla_cache_write_triton(kv.to(DEVICE), half, slots.to(DEVICE))   # casts to the cache dtype
+    mla_cache_write_triton(kv.to(DEVICE), half, slots.to(DEVICE))  # casts to the cache dtype
     assert torch.equal(half.cpu()[3, 7], kv[0].to(torch.float16))
 
 
@@ -255,28 +302,41 @@ def test_fused_markov_sampling_ties_pick_the_first_index_and_signs_order():
     vocab = 4200
     head = DSparkMarkovHead(vocab, 2)
     with torch.no_grad():
-        head.bias.weight.zero_()                    # bias exactly 0: logits == base
+        head.bias.weight.zero_()  # bias exactly 0: logits == base
     base = -torch.rand(3, 1, vocab, generator=torch.Generator().manual_seed(2)) - 1.0
-    base[0, 0, [4100, 17, 600]] = 5.0               # a three-way tie across tiles
+    base[0, 0, [4100, 17, 600]] = 5.0  # a three-way tie across tiles
     base[1, 0, 4099] = 0.0
     base[1, 0, 4098] = -0.0
-    base[2, 0, 4199] = -0.5                         # the largest of negatives, in the last tile
+    base[2, 0, 4199] = -0.5  # the largest of negatives, in the last tile
     with torch.no_grad():
-        want = sample_sequential(base, torch.zeros(3, dtype=torch.int64), head, 0.0,
-                                 torch.zeros(3))
-        got = sample_sequential_triton(base.to(DEVICE), torch.zeros(3, dtype=torch.int64,
-                                                                    device=DEVICE),
-                                       head.to(DEVICE), 0.0, torch.zeros(3, device=DEVICE))
+        want = sample_sequential(base, torch.zeros(3, dtype=torch.int64), head, 0.0, torch.zeros(3))
+        got = sample_sequential_triton(
+            base.to(DEVICE),
+            torch.zeros(3, dtype=torch.int64, device=DEVICE),
+            head.to(DEVICE),
+            0.0,
+            torch.zeros(3, device=DEVICE),
+        )
     assert want[:, 0].tolist() == [17, 4098, 4199]
     assert torch.equal(got.cpu(), want)
 
 
-@pytest.mark.parametrize("block_v,num_warps,max_candidates,blocks_per_program,num_stages",
-                         [(128, 1, 8, 1, 3), (1024, 4, 0, 1, 1), (8192, 16, 1, 1, 2),
-                          (2048, 8, 3, 1, 3), (128, 4, 8, 7, 4), (1024, 4, 1, 3, 1),
-                          (512, 2, 0, 16, 5), (256, 2, 8, 5, 2)])
-def test_fused_markov_launch_knobs_do_not_change_tokens(block_v, num_warps, max_candidates,
-                                                        blocks_per_program, num_stages):
+@pytest.mark.parametrize(
+    "block_v,num_warps,max_candidates,blocks_per_program,num_stages",
+    [
+        (128, 1, 8, 1, 3),
+        (1024, 4, 0, 1, 1),
+        (8192, 16, 1, 1, 2),
+        (2048, 8, 3, 1, 3),
+        (128, 4, 8, 7, 4),
+        (1024, 4, 1, 3, 1),
+        (512, 2, 0, 16, 5),
+        (256, 2, 8, 5, 2),
+    ],
+)
+def test_fused_markov_launch_knobs_do_not_change_tokens(
+    block_v, num_warps, max_candidates, blocks_per_program, num_stages
+):
     """Blocks of 128 to 8192 tokens, 1 to 16 of them per program (40 programs per row
     down to one; a program's last block partly past the vocabulary): the row's last
     program writes the token, whichever that is; 0 to 8 filter candidates; 1 to 5 blocks
@@ -286,33 +346,40 @@ def test_fused_markov_launch_knobs_do_not_change_tokens(block_v, num_warps, max_
     temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0], device=DEVICE)
     with torch.no_grad():
         want = sample_sequential(base, anchors, head, temperature, seeds)
-        got = sample_sequential_triton(base, anchors, head, temperature, seeds,
-                                       block_v=block_v, num_warps=num_warps,
-                                       max_candidates=max_candidates,
-                                       blocks_per_program=blocks_per_program,
-                                       num_stages=num_stages)
+        got = sample_sequential_triton(
+            base,
+            anchors,
+            head,
+            temperature,
+            seeds,
+            block_v=block_v,
+            num_warps=num_warps,
+            max_candidates=max_candidates,
+            blocks_per_program=blocks_per_program,
+            num_stages=num_stages,
+        )
     assert torch.equal(got, want)
 
 
 def test_fused_markov_sampling_validates_and_handles_empty():
     head, base, anchors = _markov_case(2, 3, 64, 4, torch.float32, seed=3)
-    for knobs, message in ((dict(block_v=100), "block_v=100 is invalid: expected a power"),
-                           (dict(block_v=64), "block_v=64 is invalid"),
-                           (dict(num_warps=3), "num_warps=3 is invalid: expected 1, 2, 4"),
-                           (dict(max_candidates=-1), "max_candidates=-1 is invalid: expected an "
-                                                     "int >= 0"),
-                           (dict(max_candidates=2.0), "max_candidates=2.0 is invalid"),
-                           (dict(blocks_per_program=0), "blocks_per_program=0 is invalid: "
-                                                        "expected an int >= 1"),
-                           (dict(num_stages=0), "num_stages=0 is invalid: expected an int >= 1"),
-                           (dict(num_stages=True), "num_stages=True is invalid")):
+    for knobs, message in (
+        (dict(block_v=100), "block_v=100 is invalid: expected a power"),
+        (dict(block_v=64), "block_v=64 is invalid"),
+        (dict(num_warps=3), "num_warps=3 is invalid: expected 1, 2, 4"),
+        (dict(max_candidates=-1), "max_candidates=-1 is invalid: expected an int >= 0"),
+        (dict(max_candidates=2.0), "max_candidates=2.0 is invalid"),
+        (dict(blocks_per_program=0), "blocks_per_program=0 is invalid: expected an int >= 1"),
+        (dict(num_stages=0), "num_stages=0 is invalid: expected an int >= 1"),
+        (dict(num_stages=True), "num_stages=True is invalid"),
+    ):
         with pytest.raises(ValueError, match=message):
-            sample_sequential_triton(base, anchors, head, 0.0, torch.zeros(2, device=DEVICE),
-                                     **knobs)
+            sample_sequential_triton(
+                base, anchors, head, 0.0, torch.zeros(2, device=DEVICE), **knobs
+            )
     with pytest.raises(ValueError, match="anchor_tokens has shape"):
         sample_sequential_triton(base, anchors[:1], head, 0.0, torch.zeros(2, device=DEVICE))
-    empty = sample_sequential_triton(base[:, :0], anchors, head, 1.0,
-                                     torch.zeros(2, device=DEVICE))
+    empty = sample_sequential_triton(base[:, :0], anchors, head, 1.0, torch.zeros(2, device=DEVICE))
     assert empty.shape == (2, 0)
 
 
@@ -330,11 +397,11 @@ def _equal_noise_pair(seed, vocab, block):
     """The first position >= 0 whose noise is equal (a 23-bit collision) for two tokens of
     one block: (position, (lower token, higher token))."""
     from dspark_compile.kernels.markov_sampling import gumbel_noise
+
     for position in range(100):
         noise = gumbel_noise(torch.tensor([seed]), torch.tensor([position]), vocab)[0]
         order = torch.argsort(noise, stable=True)
-        same = ((noise[order[1:]] == noise[order[:-1]])
-                & (order[1:] // block == order[:-1] // block))
+        same = (noise[order[1:]] == noise[order[:-1]]) & (order[1:] // block == order[:-1] // block)
         if same.any():
             pair = order[:-1][same][0].item(), order[1:][same][0].item()
             return position, (min(pair), max(pair))
@@ -350,17 +417,19 @@ def _filter_rows(vocab, block, temperature):
     logits whose quotient by T overflows to inf (the first, 5, wins); 5: every logit
     -inf (token 0)."""
     from dspark_compile.kernels.markov_sampling import gumbel_noise
+
     gen = torch.Generator().manual_seed(5)
     base = torch.randn(6, 1, vocab, generator=gen) * 3
     seeds = torch.tensor([11, 12, 13, 14, 15, 16])
     positions = torch.tensor([77, 5, 0, 9, 2, 4])
     noise = gumbel_noise(seeds[1:2], positions[1:2], vocab)[0]
     picked = torch.tensor([block + 6, block + 7, block + 300, 2 * block - 1, block, 6])
-    base[1, 0, picked] = ((30.0 - noise[picked].double() + torch.arange(6) * 2e-6)
-                          * temperature).float()
+    base[1, 0, picked] = (
+        (30.0 - noise[picked].double() + torch.arange(6) * 2e-6) * temperature
+    ).float()
     positions[2], tie = _equal_noise_pair(13, vocab, block)
     base[2, 0, list(tie)] = 40.0
-    base[3, 0, torch.randperm(vocab, generator=gen)[:vocab // 2]] = float("-inf")
+    base[3, 0, torch.randperm(vocab, generator=gen)[: vocab // 2]] = float("-inf")
     base[3, 0, :block] = float("-inf")
     base[4, 0, [block + 5, 5, vocab - 1]] = 3.3e38
     base[5] = float("-inf")
@@ -373,8 +442,14 @@ def _sample_without_bias(base, temperature, seeds, positions, **knobs):
     head = DSparkMarkovHead(base.shape[-1], 2)
     with torch.no_grad():
         head.bias.weight.zero_()
-        args = (base.to(DEVICE), torch.zeros(base.shape[0], dtype=torch.int64, device=DEVICE),
-                head.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE))
+        args = (
+            base.to(DEVICE),
+            torch.zeros(base.shape[0], dtype=torch.int64, device=DEVICE),
+            head.to(DEVICE),
+            temperature,
+            seeds.to(DEVICE),
+            positions.to(DEVICE),
+        )
         return sample_sequential(*args), sample_sequential_triton(*args, **knobs)
 
 
@@ -392,9 +467,15 @@ def test_sampled_row_filter_gives_the_exact_tokens(wobble, max_candidates, block
     vocab, block, temperature = 3000, 1024, 0.37
     base, seeds, positions, tie = _filter_rows(vocab, block, temperature)
     want, got = _sample_without_bias(
-        base, temperature, seeds, positions, block_v=block, max_candidates=max_candidates,
+        base,
+        temperature,
+        seeds,
+        positions,
+        block_v=block,
+        max_candidates=max_candidates,
         blocks_per_program=blocks_per_program,
-        _bound_wobble=wobble)
+        _bound_wobble=wobble,
+    )
     assert want[2, 0].item() == tie[0] and want[4, 0].item() == 5 and want[5, 0].item() == 0
     assert torch.equal(got, want), (got, want)
 
@@ -406,6 +487,7 @@ def test_a_lanes_second_best_bound_can_still_win(push_up):
     ``push_up``: the lane's best ``upper`` is then not the row's token, and the kernel
     must see that its second best is a candidate too."""
     from dspark_compile.kernels.markov_sampling import _mix32, gumbel_noise
+
     vocab, block, temperature = 3000, 1024, 0.37
     seeds, positions = torch.tensor([21]), torch.tensor([3])
     lanes = torch.arange(block)
@@ -416,24 +498,43 @@ def test_a_lanes_second_best_bound_can_still_win(push_up):
     loser = lane + block if pushed_down == lane else lane
     noise = gumbel_noise(seeds, positions, vocab)[0].double()
     base = torch.randn(1, 1, vocab, generator=torch.Generator().manual_seed(8))
-    for token, margin in ((pushed_down, 2e-5), (loser, 0.0)):   # 5 ulps of 60
+    for token, margin in ((pushed_down, 2e-5), (loser, 0.0)):  # 5 ulps of 60
         base[0, 0, token] = ((60.0 - noise[token] + margin) * temperature).float()
     want, got = _sample_without_bias(
-        base, temperature, seeds, positions, block_v=block, max_candidates=8,
-        blocks_per_program=3, _bound_wobble=(0.9 * _SLACK, push_up))
+        base,
+        temperature,
+        seeds,
+        positions,
+        block_v=block,
+        max_candidates=8,
+        blocks_per_program=3,
+        _bound_wobble=(0.9 * _SLACK, push_up),
+    )
     assert want[0, 0].item() == pushed_down
     assert torch.equal(got, want), (got, want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_compiled_dspark_draft_step_replays_as_cuda_graph_with_changing_seq_lens():
-    from dspark_compile.tools.dspark_graph_check import check_draft_step_graph
     from dspark_compile.models.dspark_draft import DSparkDraftConfig
+    from dspark_compile.tools.dspark_graph_check import check_draft_step_graph
 
-    cfg = DSparkDraftConfig(hidden_size=64, num_layers=2, num_heads=4, kv_lora_rank=32,
-                            rope_dim=16, intermediate_size=128, vocab_size=64, markov_rank=4,
-                            sliding_window=48)
-    errors = check_draft_step_graph(cfg, window=40, block_size=16,
-                                    step_seq_lens=[[200, 70, 9], [216, 78, 17], [205, 80, 30]],
-                                    q_len=8)
+    cfg = DSparkDraftConfig(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        kv_lora_rank=32,
+        rope_dim=16,
+        intermediate_size=128,
+        vocab_size=64,
+        markov_rank=4,
+        sliding_window=48,
+    )
+    errors = check_draft_step_graph(
+        cfg,
+        window=40,
+        block_size=16,
+        step_seq_lens=[[200, 70, 9], [216, 78, 17], [205, 80, 30]],
+        q_len=8,
+    )
     assert max(errors) < 1e-3, errors

@@ -21,13 +21,16 @@ from dspark_compile.speculative.lm import LMConfig, TransformerLM, shift_feature
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-CFG = LMConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-               intermediate_size=96)
+CFG = LMConfig(
+    hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96
+)
 
-needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                        reason="transformers is not installed")
-needs_safetensors = pytest.mark.skipif(importlib.util.find_spec("safetensors") is None,
-                                       reason="safetensors is not installed")
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="transformers is not installed"
+)
+needs_safetensors = pytest.mark.skipif(
+    importlib.util.find_spec("safetensors") is None, reason="safetensors is not installed"
+)
 
 
 def _perturbed(model):
@@ -47,8 +50,7 @@ def test_llama_export_matches_transformers_logits(tmp_path, theta):
 
     cfg = LMConfig(**{**CFG.__dict__, "rope_theta": theta})
     model = _perturbed(TransformerLM(cfg, seed=3)).eval()
-    hf_export.export_llama(model, tmp_path / "m", max_position_embeddings=512,
-                           training_context=64)
+    hf_export.export_llama(model, tmp_path / "m", max_position_embeddings=512, training_context=64)
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config[hf_export.TRAINING_CONTEXT_KEY] == 64
     assert config["max_position_embeddings"] == 512
@@ -75,19 +77,22 @@ def test_eagle_export_matches_vllm_layout_built_from_transformers(tmp_path):
     eagle_cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1, "feature_size": CFG.hidden_size})
     eagle = _perturbed(hf_export.vllm_eagle_lm(eagle_cfg, seed=2)).eval()
     from dspark_compile.speculative.training import tie_eagle_to_target
+
     tie_eagle_to_target(eagle, target)
-    hf_export.export_eagle(eagle, tmp_path / "e", max_position_embeddings=512,
-                           training_context=64)
+    hf_export.export_eagle(eagle, tmp_path / "e", max_position_embeddings=512, training_context=64)
     state = load_file(str(tmp_path / "e" / "model.safetensors"))
-    assert "fc.weight" in state and not any(k.startswith(("model.", "lm_head", "embed"))
-                                            for k in state)
+    assert "fc.weight" in state and not any(
+        k.startswith(("model.", "lm_head", "embed")) for k in state
+    )
     assert "layers.0.input_layernorm.weight" not in state
     config = LlamaConfig(**json.loads((tmp_path / "e" / "config.json").read_text()))
     config._attn_implementation = "sdpa"
     layer = LlamaDecoderLayer(config, layer_idx=0).eval()
-    layer.input_layernorm = torch.nn.Identity()          # vLLM: disable_input_layernorm
-    layer.load_state_dict({k[len("layers.0."):]: v for k, v in state.items()
-                           if k.startswith("layers.0.")}, strict=False)
+    layer.input_layernorm = torch.nn.Identity()  # vLLM: disable_input_layernorm
+    layer.load_state_dict(
+        {k[len("layers.0.") :]: v for k, v in state.items() if k.startswith("layers.0.")},
+        strict=False,
+    )
     rope = LlamaRotaryEmbedding(config)
     tokens = torch.randint(0, 256, (1, 120), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -98,21 +103,23 @@ def test_eagle_export_matches_vllm_layout_built_from_transformers(tmp_path):
         pos = torch.arange(tokens.shape[1])[None]
         out = layer(x, position_embeddings=rope(x, pos), position_ids=pos, attention_mask=None)
         out = out[0] if isinstance(out, tuple) else out
-        theirs = out @ target.lm_head.weight.T              # no final norm, the target's head
+        theirs = out @ target.lm_head.weight.T  # no final norm, the target's head
     torch.testing.assert_close(ours_hidden, out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours_logits, theirs, atol=1e-5, rtol=1e-5)
     reloaded = hf_export.load_eagle(tmp_path / "e", target)
     with torch.no_grad():
-        torch.testing.assert_close(reloaded.forward_dense(tokens, features)[0], ours_logits,
-                                   atol=0, rtol=0)
+        torch.testing.assert_close(
+            reloaded.forward_dense(tokens, features)[0], ours_logits, atol=0, rtol=0
+        )
 
 
 def test_vllm_eagle_lm_refuses_a_feature_size_other_than_hidden():
     with pytest.raises(ValueError, match="feature_size"):
         hf_export.vllm_eagle_lm(CFG)
     with pytest.raises(ValueError, match="plain LM"):
-        hf_export.llama_state_dict(hf_export.vllm_eagle_lm(
-            LMConfig(**{**CFG.__dict__, "feature_size": CFG.hidden_size})))
+        hf_export.llama_state_dict(
+            hf_export.vllm_eagle_lm(LMConfig(**{**CFG.__dict__, "feature_size": CFG.hidden_size}))
+        )
 
 
 # ---------------------------------------------------------------- bench_engine pure parts
@@ -133,11 +140,14 @@ class _Hist:
 
 def _metrics(drafts, accepted, per_pos, ttft=(0, 0.0), itl=(0, 0.0)):
     p = "vllm:spec_decode"
-    return [_Counter(f"{p}_num_drafts", drafts), _Counter(f"{p}_num_accepted_tokens", accepted),
-            _Counter(f"{p}_num_draft_tokens", drafts * len(per_pos)),
-            _Vector(f"{p}_num_accepted_tokens_per_pos", per_pos),
-            _Hist("vllm:time_to_first_token_seconds", *ttft),
-            _Hist("vllm:inter_token_latency_seconds", *itl)]
+    return [
+        _Counter(f"{p}_num_drafts", drafts),
+        _Counter(f"{p}_num_accepted_tokens", accepted),
+        _Counter(f"{p}_num_draft_tokens", drafts * len(per_pos)),
+        _Vector(f"{p}_num_accepted_tokens_per_pos", per_pos),
+        _Hist("vllm:time_to_first_token_seconds", *ttft),
+        _Hist("vllm:inter_token_latency_seconds", *itl),
+    ]
 
 
 def test_metric_differencing_gives_the_cells_own_counts():
@@ -161,28 +171,44 @@ def test_metric_differencing_gives_the_cells_own_counts():
 def test_no_speculation_cells_have_no_acceptance():
     import bench_engine as be
 
-    s = be.cell_stats(be.delta({}, be.snapshot([_Hist("vllm:time_to_first_token_seconds",
-                                                      1, 0.2)])), 5)
+    s = be.cell_stats(
+        be.delta({}, be.snapshot([_Hist("vllm:time_to_first_token_seconds", 1, 0.2)])), 5
+    )
     assert s["acceptance_length"] is None and s["drafts"] == 0 and s["ttft_s"] == 0.2
 
 
-def _cell(setting, context, repeat, tps, drafts, accepted, per_pos, tokens=None, temp=0.0,
-          window=None):
-    return {"family": "draft_model" if setting != "nospec" else "-", "setting": setting,
-            "window": window, "context": context, "batch": 1, "temperature": temp,
-            "repeat": repeat, "tokens_per_s": tps, "decode_tokens_per_s": tps,
-            "ttft_s": 0.1, "itl_s": 0.01, "drafts": drafts, "accepted": accepted,
-            "accepted_per_pos": per_pos,
-            "acceptance_length": 1 + accepted / drafts if drafts else None, "tokens": tokens}
+def _cell(
+    setting, context, repeat, tps, drafts, accepted, per_pos, tokens=None, temp=0.0, window=None
+):
+    return {
+        "family": "draft_model" if setting != "nospec" else "-",
+        "setting": setting,
+        "window": window,
+        "context": context,
+        "batch": 1,
+        "temperature": temp,
+        "repeat": repeat,
+        "tokens_per_s": tps,
+        "decode_tokens_per_s": tps,
+        "ttft_s": 0.1,
+        "itl_s": 0.01,
+        "drafts": drafts,
+        "accepted": accepted,
+        "accepted_per_pos": per_pos,
+        "acceptance_length": 1 + accepted / drafts if drafts else None,
+        "tokens": tokens,
+    }
 
 
 def test_summary_pools_acceptance_and_spreads_tokens_per_s_and_checks_losslessness():
     import bench_engine as be
 
-    cells = [_cell("nospec", 64, 0, 100.0, 0, 0, [], tokens=[[1, 2, 3]]),
-             _cell("off", 64, 0, 150.0, 10, 20, [9, 7, 4], tokens=[[1, 2, 3]]),
-             _cell("off", 64, 1, 170.0, 30, 30, [20, 8, 2], tokens=[[1, 2, 3]]),
-             _cell("w1x", 64, 0, 160.0, 10, 25, [10, 9, 6], tokens=[[1, 2, 4]], window=64)]
+    cells = [
+        _cell("nospec", 64, 0, 100.0, 0, 0, [], tokens=[[1, 2, 3]]),
+        _cell("off", 64, 0, 150.0, 10, 20, [9, 7, 4], tokens=[[1, 2, 3]]),
+        _cell("off", 64, 1, 170.0, 30, 30, [20, 8, 2], tokens=[[1, 2, 3]]),
+        _cell("w1x", 64, 0, 160.0, 10, 25, [10, 9, 6], tokens=[[1, 2, 4]], window=64),
+    ]
     be.check_lossless(cells)
     assert cells[1]["lossless"] is True and cells[3]["lossless"] is False
     rows = {r["setting"]: r for r in be.summarize(cells)}
@@ -193,11 +219,22 @@ def test_summary_pools_acceptance_and_spreads_tokens_per_s_and_checks_losslessne
     assert off["acceptance_length"] == pytest.approx(1 + 50 / 40)
     assert off["acceptance_per_pos"] == pytest.approx([29 / 40, 15 / 40, 6 / 40])
     assert rows["nospec"]["acceptance_length"] is None
-    result = {"meta": {"device": "cpu", "versions": {"vllm": "x"}}, "summary": be.summarize(cells),
-              "engines": [{"family": "draft_model", "setting": "off", "window": None,
-                           "init_s": 40.0, "kv_cache_tokens": 1000, "peak_memory_bytes": None,
-                           "cells": 2}],
-              "our_loop": [{"family": "draft_model", "setting": "off", "context": 64, "tau": 2.2}]}
+    result = {
+        "meta": {"device": "cpu", "versions": {"vllm": "x"}},
+        "summary": be.summarize(cells),
+        "engines": [
+            {
+                "family": "draft_model",
+                "setting": "off",
+                "window": None,
+                "init_s": 40.0,
+                "kv_cache_tokens": 1000,
+                "peak_memory_bytes": None,
+                "cells": 2,
+            }
+        ],
+        "our_loop": [{"family": "draft_model", "setting": "off", "context": 64, "tau": 2.2}],
+    }
     md = be.markdown(result)
     assert "| draft_model | 1 | 0.0 | off | 160 +- 14 |" in md
     assert "2.25" in md and "(not lossless)" in md and "Our loop vs vLLM" in md
@@ -206,16 +243,29 @@ def test_summary_pools_acceptance_and_spreads_tokens_per_s_and_checks_losslessne
 def test_engine_kwargs_are_the_readme_configuration():
     import bench_engine as be
 
-    spec = {"target": "T", "draft": "D", "method": "draft_model", "setting": "w1x",
-            "window": 64, "num_speculative_tokens": 5, "dtype": "float32",
-            "max_model_len": 1120, "max_num_seqs": 4, "block_size": 32}
+    spec = {
+        "target": "T",
+        "draft": "D",
+        "method": "draft_model",
+        "setting": "w1x",
+        "window": 64,
+        "num_speculative_tokens": 5,
+        "dtype": "float32",
+        "max_model_len": 1120,
+        "max_num_seqs": 4,
+        "block_size": 32,
+    }
     kw = be.engine_kwargs(spec)
     assert kw["compilation_config"] == {
         "inductor_passes": {"post_grad_custom_post_pass": "dspark_compile_vllm.draft_window_pass"},
-        "splitting_ops": []}
+        "splitting_ops": [],
+    }
     assert kw["additional_config"] == {"draft_window_size": 64}
-    assert kw["speculative_config"] == {"method": "draft_model", "model": "D",
-                                        "num_speculative_tokens": 5}
+    assert kw["speculative_config"] == {
+        "method": "draft_model",
+        "model": "D",
+        "num_speculative_tokens": 5,
+    }
     assert kw["skip_tokenizer_init"] is True
     off = be.engine_kwargs({**spec, "setting": "off", "window": None})
     assert "additional_config" not in off and "speculative_config" in off

@@ -65,10 +65,27 @@ def test_full_table_window_matches_reference_dense_mask_and_two_launch_form(name
             _close(_triton(*args, num_splits=splits, **window_args), want)
         if causal:  # the per-token form the window pass inserts: same values
             lens, table, offset = window.causal_window_metadata(
-                batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
-                max_query_len=batch.num_tokens, sink_size=S)
-            two_launch = _triton(q, kc, vc, table, lens, batch.query_start_loc, 0.3, True,
-                                 kv_offset=offset, **window_args)
+                batch.seq_lens,
+                batch.block_table,
+                batch.query_start_loc,
+                W,
+                b,
+                K,
+                max_query_len=batch.num_tokens,
+                sink_size=S,
+            )
+            two_launch = _triton(
+                q,
+                kc,
+                vc,
+                table,
+                lens,
+                batch.query_start_loc,
+                0.3,
+                True,
+                kv_offset=offset,
+                **window_args,
+            )
             _close(two_launch, want)
 
 
@@ -76,8 +93,9 @@ def test_splits_cut_the_window_span_not_the_table():
     """A 128k-token table with W=2048: the launch sizes its splits from the window
     span (W + b + block_q tokens), so no program walks blocks below the window."""
     full = choose_launch(32, 32, 8, 4, 8192, 16, torch.device("cpu"), num_splits=4)
-    windowed = choose_launch(32, 32, 8, 4, 8192, 16, torch.device("cpu"), num_splits=4,
-                             window_tokens=2048)
+    windowed = choose_launch(
+        32, 32, 8, 4, 8192, 16, torch.device("cpu"), num_splits=4, window_tokens=2048
+    )
     assert full.num_splits * full.tokens_per_split >= 8192 * 16
     assert windowed.num_splits * windowed.tokens_per_split >= 2048 + 16 + windowed.block_q
     assert windowed.tokens_per_split * windowed.num_splits < 2048 + 16 + 16 + 64
@@ -87,9 +105,14 @@ def test_splits_cut_the_window_span_not_the_table():
 
 
 @settings(max_examples=300, deadline=None)
-@given(W=st.integers(1, 300), b=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
-       K=st.integers(0, 8), block_q=st.sampled_from([1, 2, 4, 8, 16, 64]),
-       p0=st.integers(0, 5000), causal=st.booleans())
+@given(
+    W=st.integers(1, 300),
+    b=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+    K=st.integers(0, 8),
+    block_q=st.sampled_from([1, 2, 4, 8, 16, 64]),
+    p0=st.integers(0, 5000),
+    causal=st.booleans(),
+)
 def test_a_query_tile_reads_at_most_the_window_span(W, b, K, block_q, p0, causal):
     """kv_end - kv_begin <= W + b + block_q for any tile (the bound the launch uses):
     kv_begin = lo(first query) (causal) or lo(last position) (non-causal)."""
@@ -98,19 +121,26 @@ def test_a_query_tile_reads_at_most_the_window_span(W, b, K, block_q, p0, causal
     def lo(p):
         return max(p + 1 + K - W, 0) // b * b
 
-    last = p0 + block_q - 1                  # causal: the tile's queries p0 .. last
+    last = p0 + block_q - 1  # causal: the tile's queries p0 .. last
     kv_begin, kv_end = (lo(p0), last + 1) if causal else (lo(last), last + 1)
     assert kv_end - kv_begin <= W + b + block_q
 
 
 def test_random_full_table_windows():
     for batch, q, kc, vc, W, _b, K, S, rand in random_window_cases(
-            5, 5, [1, 4, 8, 16], max_window=50, max_sinks=30, max_seq=200, max_q=10,
-            device=DEVICE):
+        5, 5, [1, 4, 8, 16], max_window=50, max_sinks=30, max_seq=200, max_q=10, device=DEVICE
+    ):
         for causal in (True, False):
-            args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3,
-                    causal)
+            args = (
+                q,
+                kc,
+                vc,
+                batch.block_table,
+                batch.seq_lens,
+                batch.query_start_loc,
+                0.3,
+                causal,
+            )
             want = dense_sink_attention(*args, W, K, S)
-            got = _triton(*args, num_splits=rand(1, 4), window_size=W, future_offset=K,
-                          sink_size=S)
+            got = _triton(*args, num_splits=rand(1, 4), window_size=W, future_offset=K, sink_size=S)
             _close(got, want)

@@ -9,8 +9,8 @@ import torch
 from torch._inductor.codecache import PyCodeCache
 
 import dspark_compile
-from dspark_compile.tools.inspection import reference_draft_example
 from dspark_compile.integrations.depyf_dump import depyf_debug
+from dspark_compile.tools.inspection import reference_draft_example
 
 ATTENTION_LINE = re.compile(r"= torch\.ops\.dspark\.paged_attention\.default\(([^)]*)\)")
 
@@ -21,25 +21,31 @@ def inspected(tmp_path_factory):
     torch._dynamo.reset()
     dspark_compile.clear_pass_records()
     model, inputs = reference_draft_example(context_len=96, num_layers=2)
-    report = dspark_compile.inspect(model, *inputs, dump_dir=tmp_path_factory.mktemp("dump"),
-                                    options={"draft_window_size": 32, "method": "dflash"})
+    report = dspark_compile.inspect(
+        model,
+        *inputs,
+        dump_dir=tmp_path_factory.mktemp("dump"),
+        options={"draft_window_size": 32, "method": "dflash"},
+    )
     return report, dspark_compile.pass_records()
 
 
 def _attention_args(path):
-    return [[a.strip() for a in m.group(1).split(",")] for m in
-            ATTENTION_LINE.finditer(path.read_text())]
+    return [
+        [a.strip() for a in m.group(1).split(",")]
+        for m in ATTENTION_LINE.finditer(path.read_text())
+    ]
 
 
 def test_dump_has_depyf_code_graphs_before_and_after_and_output_code(inspected):
     report, _ = inspected
     names = {p.name for p in report.dump_dir.iterdir()}
-    assert any(n.startswith("full_code_for_") for n in names)        # depyf's decompiled code
+    assert any(n.startswith("full_code_for_") for n in names)  # depyf's decompiled code
     assert any(n.startswith("__transformed_code_") for n in names)
     [record] = report.passes
     assert record.before_file in names and record.after_file in names
     assert record.before_file.endswith("dspark_before_draft_window.0.py")
-    assert any(re.search(r"\.kernel_\d+\.py$", n) for n in names)   # Inductor output code
+    assert any(re.search(r"\.kernel_\d+\.py$", n) for n in names)  # Inductor output code
     assert "summary.md" in names
 
 
@@ -56,16 +62,18 @@ def test_after_graph_has_window_arithmetic_and_rewired_attention(inspected):
     # graph inputs before the pass and reads the one shared window after it.
     before_args, after_args = _attention_args(before), _attention_args(after)
     assert len(before_args) == len(after_args) == 2
-    assert all(re.fullmatch(r"arg\d+_1", a[3]) and re.fullmatch(r"arg\d+_1", a[4])
-               for a in before_args)
+    assert all(
+        re.fullmatch(r"arg\d+_1", a[3]) and re.fullmatch(r"arg\d+_1", a[4]) for a in before_args
+    )
     assert {(a[3], a[4]) for a in after_args} == {
-        (c.block_table_after, c.seq_lens_after) for c in record.attention_calls}
+        (c.block_table_after, c.seq_lens_after) for c in record.attention_calls
+    }
     [(table, lens)] = {(a[3], a[4]) for a in after_args}
     # torch >= 2.14: views of one packed window buffer (else: sub / mul results).
-    assert re.search(rf"\b{lens}: \"i32\[2\]\" = torch\.ops\.aten\.(as_strided|sub)\.",
-                     after_text)
-    assert re.search(rf"\b{table}: \"i32\[2, 3\]\" = torch\.ops\.aten\.(as_strided|mul)\.",
-                     after_text)  # ceil(32/16) + 1 columns
+    assert re.search(rf"\b{lens}: \"i32\[2\]\" = torch\.ops\.aten\.(as_strided|sub)\.", after_text)
+    assert re.search(
+        rf"\b{table}: \"i32\[2, 3\]\" = torch\.ops\.aten\.(as_strided|mul)\.", after_text
+    )  # ceil(32/16) + 1 columns
 
 
 def test_summary_counts_equal_the_pass_managers(inspected):
@@ -74,10 +82,14 @@ def test_summary_counts_equal_the_pass_managers(inspected):
     [record] = [r for r in records if r.pass_name == "draft_window"]
     table = dict(re.findall(r"^\| (\w+) \| (\d+) \|$", summary, re.MULTILINE))
     assert {k: int(v) for k, v in table.items()} == record.stats
-    totals = dict(re.findall(r"^- (attention_calls|rewritten|window_computations): (\d+)$",
-                             summary, re.MULTILINE))
+    totals = dict(
+        re.findall(
+            r"^- (attention_calls|rewritten|window_computations): (\d+)$", summary, re.MULTILINE
+        )
+    )
     assert {k: int(v) for k, v in totals.items()} == {
-        k: record.stats[k] for k in ("attention_calls", "rewritten", "window_computations")}
+        k: record.stats[k] for k in ("attention_calls", "rewritten", "window_computations")
+    }
     assert record.stats["attention_calls"] == record.stats["rewritten"] == 2
     assert record.stats["window_computations"] == 1
     assert "draft_window_size (W): 32" in summary
@@ -97,8 +109,11 @@ def test_summary_names_the_generated_kernels(inspected):
 
 @pytest.mark.filterwarnings("ignore:.*You are trying to debug")
 def test_depyf_hook_takes_the_keywords_newer_inductor_passes(tmp_path):
-    extra = ({"set_sys_modules": False}
-             if "set_sys_modules" in pyinspect.signature(PyCodeCache.load).parameters else {})
+    extra = (
+        {"set_sys_modules": False}
+        if "set_sys_modules" in pyinspect.signature(PyCodeCache.load).parameters
+        else {}
+    )
     source = "VALUE = 41 + 1\n"
     if extra:  # without the adapter, depyf 0.20's hook rejects them
         with pytest.raises(TypeError), depyf.prepare_debug(str(tmp_path / "plain")):

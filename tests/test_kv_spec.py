@@ -38,7 +38,8 @@ def test_one_token_less_frees_a_read_key(case, computed):
     if sw < 2 or computed + 1 + offset - window < 0:
         return
     assert kv_spec.freed_tokens(computed, sw - 1, 1) > kv_spec.lowest_key_read(
-        computed, window, offset)
+        computed, window, offset
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -139,10 +140,15 @@ def test_mirror_matches_vllm():
     import torch
     from vllm.v1.kv_cache_interface import SlidingWindowSpec
 
-    for sw, block, inflight, max_len in [(253, 32, 128, 4096), (2045, 16, 1024, 32768),
-                                         (61, 32, 8192, 1024), (1, 1, 1, 5)]:
-        spec = SlidingWindowSpec(block_size=block, num_kv_heads=2, head_size=32,
-                                 dtype=torch.float32, sliding_window=sw)
+    for sw, block, inflight, max_len in [
+        (253, 32, 128, 4096),
+        (2045, 16, 1024, 32768),
+        (61, 32, 8192, 1024),
+        (1, 1, 1, 5),
+    ]:
+        spec = SlidingWindowSpec(
+            block_size=block, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=sw
+        )
         assert spec.max_admission_blocks_per_request(
-            max_in_flight_tokens=inflight, max_model_len=max_len) == \
-            kv_spec.sliding_blocks_per_request(sw, block, inflight, max_len)
+            max_in_flight_tokens=inflight, max_model_len=max_len
+        ) == kv_spec.sliding_blocks_per_request(sw, block, inflight, max_len)

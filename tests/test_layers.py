@@ -8,15 +8,23 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dspark_compile"
 
 # Lower number = lower layer; a module may import only from its own layer or lower ones.
 LAYERS = {
-    "validation": 0, "config": 0,
+    "validation": 0,
+    "config": 0,
     "arithmetic": 1,
     "kernels": 2,
     "ops": 3,
     "models": 4,
     "passes": 5,
     "runtime": 6,
-    "options": 7, "backend": 7, "routes": 7, "integrations.vllm": 7,
-    "tools": 8, "testing": 8, "__main__": 8, "integrations.depyf_dump": 8, "speculative": 8,
+    "options": 7,
+    "backend": 7,
+    "routes": 7,
+    "integrations.vllm": 7,
+    "tools": 8,
+    "testing": 8,
+    "__main__": 8,
+    "integrations.depyf_dump": 8,
+    "speculative": 8,
     "__init__": 9,
 }
 
@@ -36,11 +44,11 @@ def _imports(path: Path):
                 for alias in node.names:
                     yield alias.name
             elif node.module.startswith("dspark_compile."):
-                yield node.module[len("dspark_compile."):]
+                yield node.module[len("dspark_compile.") :]
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("dspark_compile."):
-                    yield alias.name[len("dspark_compile."):]
+                    yield alias.name[len("dspark_compile.") :]
 
 
 def test_no_module_imports_from_a_higher_layer():
@@ -50,8 +58,10 @@ def test_no_module_imports_from_a_higher_layer():
         module = module.removesuffix(".__init__") if module != "__init__" else module
         for imported in _imports(path):
             if _layer(imported) > _layer(module):
-                violations.append(f"{module} (layer {_layer(module)}) imports {imported} "
-                                  f"(layer {_layer(imported)})")
+                violations.append(
+                    f"{module} (layer {_layer(module)}) imports {imported} "
+                    f"(layer {_layer(imported)})"
+                )
     assert not violations, "\n".join(violations)
 
 
@@ -66,14 +76,14 @@ def _imported_modules(path: Path, modules: set[str]):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == "dspark_compile" or node.module.startswith("dspark_compile."):
-                base = node.module[len("dspark_compile."):] if "." in node.module else ""
+                base = node.module[len("dspark_compile.") :] if "." in node.module else ""
                 for alias in node.names:
                     sub = f"{base}.{alias.name}" if base else alias.name
                     yield sub if sub in modules else (base or "__init__")
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("dspark_compile."):
-                    yield alias.name[len("dspark_compile."):]
+                    yield alias.name[len("dspark_compile.") :]
 
 
 def test_no_import_cycles():
@@ -86,7 +96,7 @@ def test_no_import_cycles():
         state[module] = "open"
         for dep in sorted(graph[module] & set(paths)):
             if state.get(dep) == "open":
-                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+                cycles.append(" -> ".join(stack[stack.index(dep) :] + [dep]))
             elif dep not in state:
                 visit(dep, stack + [dep])
         state[module] = "done"

@@ -16,8 +16,7 @@ from dspark_compile.kernels import markov_head_sampling_triton as head_triton
 from dspark_compile.kernels.markov_sampling import low_rank_bias
 from dspark_compile.models import block_sample_indices, dspark_draft, sample_sequential
 from dspark_compile.testing.dspark_case import make_dspark_case
-from tests import test_markov_head_sampling as head_cases
-from tests import test_markov_sampling as markov_cases
+from tests import test_markov_head_sampling as head_cases, test_markov_sampling as markov_cases
 
 OP = torch.ops.dspark.markov_head_sample
 
@@ -27,8 +26,9 @@ def _inputs(dtype, seed=5, num_reqs=6, num_steps=3, vocab=40, rank=6):
     (``test_markov_sampling._head``, not dyadic) in ``dtype``, and ``test_markov_head_sampling
     ._case``'s logits (in ``dtype``), anchors, 62-bit seeds, positions and mixed temperatures
     (every third row greedy)."""
-    _, *rest = head_cases._case(num_reqs, num_steps, vocab, rank, torch.float32, seed,
-                                base_dtype=dtype)
+    _, *rest = head_cases._case(
+        num_reqs, num_steps, vocab, rank, torch.float32, seed, base_dtype=dtype
+    )
     return (markov_cases._head(vocab, rank, seed).to(dtype), *(t.cpu() for t in rest))
 
 
@@ -53,11 +53,11 @@ def test_op_equals_sample_sequential_on_cpu(dtype, temperature, with_positions):
     assert got.dtype == torch.int64 and got.shape == (6, 3)
     assert torch.equal(got, want)
     # the head and the noise matter: without the bias, or at another seed, tokens differ
-    assert not torch.equal(got, OP(base, anchors, embed, weight * 0, as_tensor, seeds,
-                                   positions))
+    assert not torch.equal(got, OP(base, anchors, embed, weight * 0, as_tensor, seeds, positions))
     if temperature != 0.0:
-        assert not torch.equal(got, OP(base, anchors, embed, weight, as_tensor, seeds + 1,
-                                       positions))
+        assert not torch.equal(
+            got, OP(base, anchors, embed, weight, as_tensor, seeds + 1, positions)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -89,9 +89,9 @@ def test_all_greedy_rows_skip_the_noise_on_cpu(monkeypatch):
 
     def no_noise(*args):
         raise AssertionError("noise computed for greedy rows")
+
     monkeypatch.setattr(reference, "gumbel_noise", no_noise)
-    assert torch.equal(OP(base, anchors, *factors, torch.zeros_like(temps), seeds, positions),
-                       want)
+    assert torch.equal(OP(base, anchors, *factors, torch.zeros_like(temps), seeds, positions), want)
     with pytest.raises(AssertionError, match="noise computed"):
         OP(base, anchors, *factors, temps, seeds, positions)
 
@@ -101,18 +101,22 @@ def _draft(dtype):
     ``make_dspark_case``: two requests and one CUDA-graph padding row."""
     model, batch, _, hidden = make_dspark_case([30, 9], [5, 5], seed=5)
     anchors = torch.tensor([3, 7, 0])
-    return (model.to(dtype), hidden.to(dtype), batch.query_start_loc, anchors,
-            torch.tensor([11, 2 ** 40, 5]), torch.tensor([30, 9, 0]))
+    return (
+        model.to(dtype),
+        hidden.to(dtype),
+        batch.query_start_loc,
+        anchors,
+        torch.tensor([11, 2**40, 5]),
+        torch.tensor([30, 9, 0]),
+    )
 
 
-def _propose_with_module(model, hidden, locs, anchors, num_steps, temperature, seeds,
-                         positions):
+def _propose_with_module(model, hidden, locs, anchors, num_steps, temperature, seeds, positions):
     """``propose`` as it was before the op: ``sample_sequential`` with the module."""
     index = block_sample_indices(locs, num_steps, anchors.shape[0])
     with torch.no_grad():
         base = model.lm_head(hidden[index.clamp(min=0)])
-        tokens = sample_sequential(base, anchors, model.markov_head, temperature, seeds,
-                                   positions)
+        tokens = sample_sequential(base, anchors, model.markov_head, temperature, seeds, positions)
     return torch.where(index >= 0, tokens, torch.full_like(tokens, -1))
 
 
@@ -123,8 +127,7 @@ def _no_module_sampler(*args, **kwargs):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 0.8, "mixed"])
 @pytest.mark.parametrize("with_positions", [True, False])
-def test_propose_keeps_its_tokens_through_the_op(monkeypatch, dtype, temperature,
-                                                 with_positions):
+def test_propose_keeps_its_tokens_through_the_op(monkeypatch, dtype, temperature, with_positions):
     model, hidden, locs, anchors, seeds, positions = _draft(dtype)
     positions = positions if with_positions else None
     if temperature == "mixed":
@@ -193,7 +196,7 @@ def test_op_compiles_without_graph_breaks_and_equals_eager(backend):
         compiled, codes = _graphs_of(draft)
     else:
         compiled, codes = torch.compile(draft, fullgraph=True, backend="inductor"), None
-    for trial in range(2):                      # new inputs, no recompile needed
+    for trial in range(2):  # new inputs, no recompile needed
         got = compiled(base + trial, temps, seeds + trial)
         assert torch.equal(got, draft(base + trial, temps, seeds + trial))
     if codes is not None:
@@ -208,8 +211,7 @@ def test_propose_compiles_without_graph_breaks_and_equals_eager(kind):
     compiled, codes = _graphs_of(model.propose)
     for temperature in (0.0, 1.0):
         want = model.propose(hidden, locs, anchors, 4, temperature, seeds, positions)
-        assert torch.equal(compiled(hidden, locs, anchors, 4, temperature, seeds, positions),
-                           want)
+        assert torch.equal(compiled(hidden, locs, anchors, 4, temperature, seeds, positions), want)
     assert codes and ("dspark.markov_head_sample" in codes[0]) == (kind == "plain")
 
 
@@ -217,41 +219,80 @@ def test_propose_compiles_without_graph_breaks_and_equals_eager(kind):
 @pytest.mark.parametrize("with_positions", [True, False])
 def test_opcheck(dtype, with_positions):
     head, base, anchors, seeds, positions, temps = _inputs(dtype, num_reqs=4, vocab=24)
-    args = (base.requires_grad_(dtype == torch.float32), anchors, *head.low_rank_factors(),
-            temps, seeds, positions if with_positions else None)
+    args = (
+        base.requires_grad_(dtype == torch.float32),
+        anchors,
+        *head.low_rank_factors(),
+        temps,
+        seeds,
+        positions if with_positions else None,
+    )
     torch.library.opcheck(OP.default, args)
 
 
 def _bad_inputs():
     """``(name, change to the valid arguments, message)``."""
     return [
-        ("base_logits", lambda a: a.update(base_logits=a["base_logits"][0]),
-         r"base_logits has shape \(3, 40\): expected \[R, N, V\]"),
-        ("anchor_tokens", lambda a: a.update(anchor_tokens=a["anchor_tokens"][:2]),
-         r"anchor_tokens has shape \(2,\): expected \[6\]"),
-        ("seeds", lambda a: a.update(seeds=a["seeds"][:, None]),
-         r"seeds has shape \(6, 1\): expected \[6\]"),
-        ("positions", lambda a: a.update(positions=a["positions"][:1]),
-         r"positions has shape \(1,\): expected \[6\]"),
-        ("temperature", lambda a: a.update(temperature=a["temperature"][:3]),
-         r"temperature has shape \(3,\): expected a float or \[6\]"),
-        ("embed", lambda a: a.update(embed=a["embed"][:30]),
-         r"embed has shape \(30, 6\): expected \[40, r\], 40 being base_logits' vocabulary"),
-        ("weight", lambda a: a.update(weight=a["weight"][:, :4]),
-         r"weight has shape \(40, 4\): expected embed's \(40, 6\)"),
-        ("weight dtype", lambda a: a.update(weight=a["weight"].bfloat16()),
-         r"embed is torch.float32 and weight torch.bfloat16: expected one floating dtype"),
-        ("integer factors", lambda a: a.update(embed=a["embed"].long(),
-                                               weight=a["weight"].long()),
-         r"embed is torch.int64 and weight torch.int64: expected one floating dtype"),
+        (
+            "base_logits",
+            lambda a: a.update(base_logits=a["base_logits"][0]),
+            r"base_logits has shape \(3, 40\): expected \[R, N, V\]",
+        ),
+        (
+            "anchor_tokens",
+            lambda a: a.update(anchor_tokens=a["anchor_tokens"][:2]),
+            r"anchor_tokens has shape \(2,\): expected \[6\]",
+        ),
+        (
+            "seeds",
+            lambda a: a.update(seeds=a["seeds"][:, None]),
+            r"seeds has shape \(6, 1\): expected \[6\]",
+        ),
+        (
+            "positions",
+            lambda a: a.update(positions=a["positions"][:1]),
+            r"positions has shape \(1,\): expected \[6\]",
+        ),
+        (
+            "temperature",
+            lambda a: a.update(temperature=a["temperature"][:3]),
+            r"temperature has shape \(3,\): expected a float or \[6\]",
+        ),
+        (
+            "embed",
+            lambda a: a.update(embed=a["embed"][:30]),
+            r"embed has shape \(30, 6\): expected \[40, r\], 40 being base_logits' vocabulary",
+        ),
+        (
+            "weight",
+            lambda a: a.update(weight=a["weight"][:, :4]),
+            r"weight has shape \(40, 4\): expected embed's \(40, 6\)",
+        ),
+        (
+            "weight dtype",
+            lambda a: a.update(weight=a["weight"].bfloat16()),
+            r"embed is torch.float32 and weight torch.bfloat16: expected one floating dtype",
+        ),
+        (
+            "integer factors",
+            lambda a: a.update(embed=a["embed"].long(), weight=a["weight"].long()),
+            r"embed is torch.int64 and weight torch.int64: expected one floating dtype",
+        ),
     ]
 
 
 def _valid_args():
     head, base, anchors, seeds, positions, temps = _inputs(torch.float32)
     embed, weight = head.low_rank_factors()
-    return dict(base_logits=base, anchor_tokens=anchors, embed=embed, weight=weight,
-                temperature=temps, seeds=seeds, positions=positions)
+    return dict(
+        base_logits=base,
+        anchor_tokens=anchors,
+        embed=embed,
+        weight=weight,
+        temperature=temps,
+        seeds=seeds,
+        positions=positions,
+    )
 
 
 def _fake_call(**args):
@@ -260,8 +301,9 @@ def _fake_call(**args):
 
 
 @pytest.mark.parametrize("impl", ["op", "fake", "cuda_impl"])
-@pytest.mark.parametrize("name,change,message", _bad_inputs(),
-                         ids=[case[0] for case in _bad_inputs()])
+@pytest.mark.parametrize(
+    "name,change,message", _bad_inputs(), ids=[case[0] for case in _bad_inputs()]
+)
 def test_bad_inputs_raise_value_error_naming_the_argument(impl, name, change, message):
     """The same checks in the reference (the op on CPU), the fake (what torch.compile
     runs) and the CUDA implementation (here on CPU tensors)."""
@@ -280,15 +322,16 @@ def test_propose_rejects_a_negative_temperature():
 
 
 def test_cuda_implementation_is_registered():
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("dspark::markov_head_sample",
-                                                          "CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("dspark::markov_head_sample", "CUDA")
 
 
-@pytest.mark.parametrize("dtype,fused", [(torch.bfloat16, True), (torch.float16, True),
-                                         (torch.float32, False)])
+@pytest.mark.parametrize(
+    "dtype,fused", [(torch.bfloat16, True), (torch.float16, True), (torch.float32, False)]
+)
 @pytest.mark.parametrize("temperature", [0.0, "mixed"])
-def test_cuda_implementation_runs_the_fused_kernel_for_half_heads(monkeypatch, dtype, fused,
-                                                                  temperature):
+def test_cuda_implementation_runs_the_fused_kernel_for_half_heads(
+    monkeypatch, dtype, fused, temperature
+):
     """``markov_head_sample_triton`` (the op's CUDA kernel) on ``DEVICE``: the in-kernel
     head for float16/bfloat16 factors, the reference for float32; either way
     ``sample_sequential``'s tokens. On CPU the Triton interpreter runs it, with dyadic
@@ -297,10 +340,14 @@ def test_cuda_implementation_runs_the_fused_kernel_for_half_heads(monkeypatch, d
     as_float, as_tensor = _temperature(temperature, temps)
     launches = []
     fused_sampler = head_triton.sample_sequential_factors_triton
-    monkeypatch.setattr(head_triton, "sample_sequential_factors_triton",
-                        lambda *args: launches.append(args) or fused_sampler(*args))
-    got = head_triton.markov_head_sample_triton(base, anchors, *head.low_rank_factors(),
-                                                as_tensor, seeds, positions)
+    monkeypatch.setattr(
+        head_triton,
+        "sample_sequential_factors_triton",
+        lambda *args: launches.append(args) or fused_sampler(*args),
+    )
+    got = head_triton.markov_head_sample_triton(
+        base, anchors, *head.low_rank_factors(), as_tensor, seeds, positions
+    )
     with torch.no_grad():
         want = sample_sequential(base, anchors, head, as_float, seeds, positions)
     assert torch.equal(got, want)
@@ -312,18 +359,24 @@ def test_cuda_implementation_runs_the_fused_kernel_for_half_heads(monkeypatch, d
 def test_op_on_cuda_equals_sample_sequential_for_a_bf16_head(temperature):
     """Randomly initialised bf16 head (``test_markov_head_sampling._case`` on CUDA): the
     dispatcher's CUDA kernel, and ``propose`` of a bf16 draft on CUDA."""
-    head, base, anchors, seeds, positions, temps = head_cases._case(9, 4, 3000, 64,
-                                                                    torch.bfloat16, 21)
+    head, base, anchors, seeds, positions, temps = head_cases._case(
+        9, 4, 3000, 64, torch.bfloat16, 21
+    )
     as_float, as_tensor = _temperature(temperature, temps)
     with torch.no_grad():
         want = sample_sequential(base, anchors, head, as_float, seeds, positions)
-    assert torch.equal(OP(base, anchors, *head.low_rank_factors(), as_tensor, seeds,
-                          positions), want)
+    assert torch.equal(
+        OP(base, anchors, *head.low_rank_factors(), as_tensor, seeds, positions), want
+    )
     model, hidden, locs, anchors, seeds, positions = _draft(torch.bfloat16)
     model, hidden, locs, anchors, seeds, positions = (
-        model.cuda(), hidden.cuda(), locs.cuda(), anchors.cuda(), seeds.cuda(),
-        positions.cuda())
+        model.cuda(),
+        hidden.cuda(),
+        locs.cuda(),
+        anchors.cuda(),
+        seeds.cuda(),
+        positions.cuda(),
+    )
     temperature = as_tensor[:3] if temperature == "mixed" else as_float
     want = _propose_with_module(model, hidden, locs, anchors, 4, temperature, seeds, positions)
-    assert torch.equal(model.propose(hidden, locs, anchors, 4, temperature, seeds, positions),
-                       want)
+    assert torch.equal(model.propose(hidden, locs, anchors, 4, temperature, seeds, positions), want)

@@ -12,7 +12,7 @@ def _head(vocab=16, rank=4, seed=0):
     torch.manual_seed(seed)
     head = DSparkMarkovHead(vocab, rank)
     with torch.no_grad():
-        head.embed.weight.mul_(2.0)          # a Markov bias large enough to matter
+        head.embed.weight.mul_(2.0)  # a Markov bias large enough to matter
     return head
 
 
@@ -53,7 +53,7 @@ def test_noise_is_a_function_of_seed_position_and_token():
     noise = gumbel_noise(seeds, positions, 32)
     assert noise.shape == (4, 32) and torch.isfinite(noise).all()
     assert torch.equal(noise, gumbel_noise(seeds, positions, 32))
-    for i in range(1, 4):                    # another position, seed or high seed bits
+    for i in range(1, 4):  # another position, seed or high seed bits
         assert not torch.equal(noise[0], noise[i])
     # A verifier regenerates row 0 alone.
     assert torch.equal(gumbel_noise(seeds[:1], positions[:1], 32)[0], noise[0])
@@ -69,8 +69,14 @@ def test_sampling_distribution_matches_softmax_of_base_plus_bias():
     base = base_row.expand(num_seeds, 2, vocab).contiguous()
     anchors = torch.full((num_seeds,), 3, dtype=torch.int64)
     with torch.no_grad():
-        tokens = sample_sequential(base, anchors, head, temperature, torch.arange(num_seeds),
-                                   positions=torch.full((num_seeds,), 1000))
+        tokens = sample_sequential(
+            base,
+            anchors,
+            head,
+            temperature,
+            torch.arange(num_seeds),
+            positions=torch.full((num_seeds,), 1000),
+        )
         want0 = torch.softmax((base_row[0] + head(torch.tensor([3]))[0]) / temperature, -1)
         got0 = torch.bincount(tokens[:, 0], minlength=vocab).double() / num_seeds
         assert 0.5 * (got0 - want0.double()).abs().sum() < 0.02
@@ -108,8 +114,9 @@ def test_bad_arguments_are_named():
 def test_block_sample_indices_pad_with_minus_one():
     locs = torch.tensor([0, 5, 8, 14], dtype=torch.int32)
     got = block_sample_indices(locs, num_steps=4, num_rows=5)
-    want = torch.tensor([[1, 2, 3, 4], [6, 7, -1, -1], [9, 10, 11, 12],
-                         [-1, -1, -1, -1], [-1, -1, -1, -1]])
+    want = torch.tensor(
+        [[1, 2, 3, 4], [6, 7, -1, -1], [9, 10, 11, 12], [-1, -1, -1, -1], [-1, -1, -1, -1]]
+    )
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="num_rows=2 is invalid"):
         block_sample_indices(locs, num_steps=4, num_rows=2)
@@ -127,7 +134,7 @@ def test_sampling_is_cuda_graph_capturable():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            sample_sequential(base, anchors, head, temps, seeds)      # warm up
+            sample_sequential(base, anchors, head, temps, seeds)  # warm up
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -45,8 +45,9 @@ def test_op_matches_brute_force(causal, seq_lens, q_lens):
     batch = make_paged_batch(seq_lens, q_lens, 4, generator=gen)
     kc, vc = random_kv_cache(batch.num_blocks, 4, 2, 8, generator=gen)
     q = torch.randn(batch.num_tokens, 6, 8, generator=gen)
-    got = torch.ops.dspark.paged_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                           batch.query_start_loc, 0.3, causal)
+    got = torch.ops.dspark.paged_attention(
+        q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, causal
+    )
     want = brute_force_attention(q, kc, vc, batch, 0.3, causal)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
@@ -57,8 +58,17 @@ def test_kv_start_hides_earlier_tokens_and_empty_rows_are_zero():
     kc, vc = random_kv_cache(batch.num_blocks, 4, 1, 8, generator=gen)
     q = torch.randn(batch.num_tokens, 2, 8, generator=gen)
     kv_start = torch.tensor([8, 6], dtype=torch.int32)
-    got = paged_attention_ref(q, kc, vc, batch.block_table, batch.seq_lens,
-                              batch.query_start_loc, 0.5, True, kv_start=kv_start)
+    got = paged_attention_ref(
+        q,
+        kc,
+        vc,
+        batch.block_table,
+        batch.seq_lens,
+        batch.query_start_loc,
+        0.5,
+        True,
+        kv_start=kv_start,
+    )
     want = brute_force_attention(q, kc, vc, batch, 0.5, True, kv_start)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     # Request 0's first query sits at position 7 < kv_start 8: it sees nothing.
@@ -70,8 +80,9 @@ def test_low_precision_output_dtype():
     batch = make_paged_batch([20], [4], 8, generator=gen)
     kc, vc = random_kv_cache(batch.num_blocks, 8, 2, 16, dtype=torch.bfloat16, generator=gen)
     q = torch.randn(4, 4, 16, generator=gen).to(torch.bfloat16)
-    got = torch.ops.dspark.paged_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                           batch.query_start_loc, 0.25, False)
+    got = torch.ops.dspark.paged_attention(
+        q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.25, False
+    )
     want = brute_force_attention(q, kc, vc, batch, 0.25, False)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
@@ -96,5 +107,13 @@ def test_gqa_head_mismatch_raises():
     batch = make_paged_batch([4], [1], 4)
     kc, vc = random_kv_cache(batch.num_blocks, 4, 3, 8)
     with pytest.raises(ValueError, match="not a multiple"):
-        paged_attention_ref(torch.randn(1, 4, 8), kc, vc, batch.block_table, batch.seq_lens,
-                            batch.query_start_loc, 1.0, True)
+        paged_attention_ref(
+            torch.randn(1, 4, 8),
+            kc,
+            vc,
+            batch.block_table,
+            batch.seq_lens,
+            batch.query_start_loc,
+            1.0,
+            True,
+        )

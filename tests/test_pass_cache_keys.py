@@ -31,15 +31,20 @@ print(json.dumps(uuids))
 def _uuids(root: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root)}
     script = UUIDS.replace("VLLM", str(HAS_VLLM))
-    result = subprocess.run([sys.executable, "-c", script], cwd=root, env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _copy(tmp_path: Path, name: str) -> Path:
     root = tmp_path / name
-    shutil.copytree(PACKAGE, root / "dspark_compile",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PACKAGE, root / "dspark_compile", ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 
@@ -59,13 +64,23 @@ def test_the_unedited_copy_keeps_every_uuid(original):
     assert _uuids(PACKAGE.parent) == original
 
 
-@pytest.mark.parametrize("relative,old,new", [
-    # a module-level helper the window pass inlines into the graph
-    ("passes/draft_window.py", "        return window.window_seq_lens_and_block_table_packed",
-     "        return window.window_seq_lens_and_block_table"),
-    # the window arithmetic the inserted code calls
-    ("arithmetic/window.py", "def sink_blocks(", "def _unused():\n    pass\n\n\ndef sink_blocks("),
-])
+@pytest.mark.parametrize(
+    "relative,old,new",
+    [
+        # a module-level helper the window pass inlines into the graph
+        (
+            "passes/draft_window.py",
+            "        return window.window_seq_lens_and_block_table_packed",
+            "        return window.window_seq_lens_and_block_table",
+        ),
+        # the window arithmetic the inserted code calls
+        (
+            "arithmetic/window.py",
+            "def sink_blocks(",
+            "def _unused():\n    pass\n\n\ndef sink_blocks(",
+        ),
+    ],
+)
 def test_editing_a_helper_changes_every_uuid(tmp_path, original, relative, old, new):
     root = _copy(tmp_path, "edited")
     _edit(root, relative, old, new)
@@ -81,8 +96,9 @@ def test_editing_the_vllm_integration_changes_only_the_vllm_uuid(tmp_path, origi
     path.write_text(path.read_text() + "\n# edited\n")
     edited = _uuids(root)
     assert edited["vllm"] != original["vllm"]
-    assert {k: v for k, v in edited.items() if k != "vllm"} == \
-        {k: v for k, v in original.items() if k != "vllm"}
+    assert {k: v for k, v in edited.items() if k != "vllm"} == {
+        k: v for k, v in original.items() if k != "vllm"
+    }
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (the [vllm] extra)")

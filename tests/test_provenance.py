@@ -6,8 +6,9 @@ from dspark_compile.tools.provenance import CHECKOUT, git_state, provenance
 
 
 def test_provenance_names_the_checkouts_commit():
-    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"],
-                          capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
     meta = provenance()
     assert {"date", "device", "python", "torch", "cuda", "triton", "commit", "dirty"} <= set(meta)
     if head.returncode == 0:

@@ -20,7 +20,7 @@ def _tables(generator):
     length = POSITIONS + K + 2
     target = torch.softmax(2 * torch.randn(length, VOCAB, generator=generator), -1)
     draft = torch.softmax(2 * torch.randn(length, VOCAB, generator=generator), -1)
-    draft[:, 0] = 0                       # a token the draft never proposes
+    draft[:, 0] = 0  # a token the draft never proposes
     draft /= draft.sum(-1, keepdim=True)
     return target, draft
 
@@ -31,8 +31,8 @@ def _emit(target, draft, sampler, generator):
     length = torch.zeros(STREAMS, dtype=torch.long)
     while int(length.min()) < POSITIONS:
         offsets = (length[:, None] + torch.arange(K + 1)).clamp_max(target.shape[0] - 1)
-        q = draft[offsets[:, :K]]                                   # [N, K, V]
-        p = target[offsets]                                         # [N, K + 1, V]
+        q = draft[offsets[:, :K]]  # [N, K, V]
+        p = target[offsets]  # [N, K + 1, V]
         tokens = torch.multinomial(q.reshape(-1, VOCAB), 1, generator=generator).view(STREAMS, K)
         accepted, next_token = sampler(tokens, q, p, generator)
         rows = torch.arange(STREAMS)
@@ -51,7 +51,7 @@ def _chi_square(observed_counts, expected_probs):
 
 
 def _statistics(emitted, target):
-    pair = torch.bincount(emitted[:, 0] * VOCAB + emitted[:, 1], minlength=VOCAB ** 2).double()
+    pair = torch.bincount(emitted[:, 0] * VOCAB + emitted[:, 1], minlength=VOCAB**2).double()
     pair_expected = (target[0][:, None] * target[1][None, :]).flatten().double()
     third = torch.bincount(emitted[:, 2], minlength=VOCAB).double()
     return _chi_square(pair, pair_expected), _chi_square(third, target[2].double())
@@ -64,12 +64,13 @@ def test_rejection_sampling_preserves_target_distribution():
     pair_stat, third_stat = _statistics(emitted, target)
     assert pair_stat < CRITICAL[15], pair_stat
     assert third_stat < CRITICAL[3], third_stat
-    assert int((emitted[:, 0] == 0).sum()) > 0     # token 0 reached only through resampling
+    assert int((emitted[:, 0] == 0).sum()) > 0  # token 0 reached only through resampling
 
 
 def test_chi_square_detects_a_wrong_sampler():
     """Negative control: accepting every draft token emits the draft's distribution,
     which the same test rejects."""
+
     def accept_all(tokens, q, p, generator):
         next_token = torch.multinomial(p[:, -1], 1, generator=generator).squeeze(1)
         return torch.full((tokens.shape[0],), K), next_token

@@ -42,8 +42,9 @@ def _case(name, device=DEVICE, dtype=torch.float32, seed=None):
     seq_lens, q_lens, W, b, K, S, (hq, hkv) = CASES[name]
     gen = torch.Generator().manual_seed(len(name) if seed is None else seed)
     batch = make_paged_batch(seq_lens, q_lens, b, device=device, generator=gen)
-    kc, vc = random_kv_cache(batch.num_blocks, b, hkv, 16, dtype=dtype, device=device,
-                             generator=gen)
+    kc, vc = random_kv_cache(
+        batch.num_blocks, b, hkv, 16, dtype=dtype, device=device, generator=gen
+    )
     q = torch.randn(batch.num_tokens, hq, 16, generator=gen).to(device, dtype)
     return batch, q, kc, vc, W, b, K, S
 
@@ -70,10 +71,18 @@ def test_causal_windowed_table_with_sinks_matches_reference_and_dense_mask(name)
     differently)."""
     batch, q, kc, vc, W, b, K, S = _case(name)
     lens, table, offset = window.causal_window_metadata(
-        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
-        max_query_len=batch.num_tokens, sink_size=S)
-    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                batch.query_start_loc, 0.3, True, W, K, S)
+        batch.seq_lens,
+        batch.block_table,
+        batch.query_start_loc,
+        W,
+        b,
+        K,
+        max_query_len=batch.num_tokens,
+        sink_size=S,
+    )
+    want = dense_sink_attention(
+        q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, True, W, K, S
+    )
     windowed = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, True)
     window_args = dict(kv_offset=offset, window_size=W, future_offset=K, sink_size=S)
     ref = paged_attention_ref(*windowed, **window_args)
@@ -85,8 +94,15 @@ def test_causal_windowed_table_with_sinks_matches_reference_and_dense_mask(name)
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("name", ["empty request, seq < b", "window starts inside the sinks",
-                                  "S and W not multiples of b", "long, several sink blocks"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "empty request, seq < b",
+        "window starts inside the sinks",
+        "S and W not multiples of b",
+        "long, several sink blocks",
+    ],
+)
 def test_full_table_with_window_and_sinks(name, causal):
     """No kv_offset: the kernel windows the FULL table itself (sinks = table
     tokens < S_b); causal queries by their own position, non-causal by the last."""
@@ -98,48 +114,83 @@ def test_full_table_with_window_and_sinks(name, causal):
     _close(got, want)
 
 
-@pytest.mark.parametrize("name", ["empty request, seq < b", "window starts inside the sinks",
-                                  "S and W not multiples of b", "S > seq", "mixed decode and "
-                                  "prefill", "long, several sink blocks"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "empty request, seq < b",
+        "window starts inside the sinks",
+        "S and W not multiples of b",
+        "S > seq",
+        "mixed decode and prefill",
+        "long, several sink blocks",
+    ],
+)
 def test_non_causal_and_decode_tables_need_no_kernel_change(name):
     """Decode and non-causal blocks: the sinks are just leading table columns, so
     the kernel WITHOUT window arguments over the windowed (lengths, table) equals
     the dense mask with the window of the request's last position."""
     batch, q, kc, vc, W, b, K, S = _case(name, seed=3)
     lens, table = window.window_seq_lens_and_block_table(
-        batch.seq_lens, batch.block_table, W, b, K, sink_size=S)
-    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                batch.query_start_loc, 0.3, False, W, K, S)
+        batch.seq_lens, batch.block_table, W, b, K, sink_size=S
+    )
+    want = dense_sink_attention(
+        q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, False, W, K, S
+    )
     got = _triton(q, kc, vc, table, lens, batch.query_start_loc, 0.3, False, num_splits=2)
     _close(got, want)
-    decode_locs = torch.arange(len(batch.seq_lens) + 1, dtype=batch.query_start_loc.dtype,
-                               device=q.device)
-    decode_q = q[:len(batch.seq_lens)].contiguous()
-    want = dense_sink_attention(decode_q, kc, vc, batch.block_table, batch.seq_lens,
-                                decode_locs, 0.3, True, W, K, S)
+    decode_locs = torch.arange(
+        len(batch.seq_lens) + 1, dtype=batch.query_start_loc.dtype, device=q.device
+    )
+    decode_q = q[: len(batch.seq_lens)].contiguous()
+    want = dense_sink_attention(
+        decode_q, kc, vc, batch.block_table, batch.seq_lens, decode_locs, 0.3, True, W, K, S
+    )
     got = _triton(decode_q, kc, vc, table, lens, decode_locs, 0.3, True)
     _close(got, want)
 
 
-@pytest.mark.parametrize("launch", [dict(), dict(exact_tiles=False, heads_first=False),
-                                    dict(block_n=128, num_splits=2)])
+@pytest.mark.parametrize(
+    "launch", [dict(), dict(exact_tiles=False, heads_first=False), dict(block_n=128, num_splits=2)]
+)
 def test_decode_launches_with_sinks(launch):
     """Decode (one query per request) in the per-token form with sinks, under the
     decode launch (exact tiles, KV head first), the general one, and the GPU's
     decode KV tile (BLOCK_N 128, so one tile covers the sinks and the window)."""
     gen = torch.Generator().manual_seed(21)
     seq_lens, W, b, K, S = [300, 1, 17, 0, 64, 129], 40, 16, 2, 20
-    batch = make_paged_batch(seq_lens, [1 if s else 0 for s in seq_lens], b, device=DEVICE,
-                             generator=gen)
+    batch = make_paged_batch(
+        seq_lens, [1 if s else 0 for s in seq_lens], b, device=DEVICE, generator=gen
+    )
     kc, vc = random_kv_cache(batch.num_blocks, b, 2, 16, device=DEVICE, generator=gen)
     q = torch.randn(batch.num_tokens, 8, 16, generator=gen).to(DEVICE)
     lens, table, offset = window.causal_window_metadata(
-        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K, max_query_len=1,
-        sink_size=S)
-    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                batch.query_start_loc, 0.3, True, W, K, S)
-    got = _triton(q, kc, vc, table, lens, batch.query_start_loc, 0.3, True, kv_offset=offset,
-                  window_size=W, future_offset=K, sink_size=S, **launch)
+        batch.seq_lens,
+        batch.block_table,
+        batch.query_start_loc,
+        W,
+        b,
+        K,
+        max_query_len=1,
+        sink_size=S,
+    )
+    want = dense_sink_attention(
+        q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, True, W, K, S
+    )
+    got = _triton(
+        q,
+        kc,
+        vc,
+        table,
+        lens,
+        batch.query_start_loc,
+        0.3,
+        True,
+        kv_offset=offset,
+        window_size=W,
+        future_offset=K,
+        sink_size=S,
+        **launch,
+    )
     _close(got, want)
 
 
@@ -147,25 +198,34 @@ def test_random_cases_against_the_reference():
     """Seeded random shapes (b, W, K, S, lengths, GQA): the causal per-token form,
     and non-causal blocks on the per-request table with ``kv_offset``."""
     for batch, q, kc, vc, W, b, K, S, rand in random_window_cases(
-            13, 6, [1, 2, 4, 8, 16], max_window=40, max_sinks=40, max_seq=120, max_q=12,
-            device=DEVICE):
+        13, 6, [1, 2, 4, 8, 16], max_window=40, max_sinks=40, max_seq=120, max_q=12, device=DEVICE
+    ):
         lens, table, offset = window.causal_window_metadata(
-            batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
-            max_query_len=batch.num_tokens, sink_size=S)
+            batch.seq_lens,
+            batch.block_table,
+            batch.query_start_loc,
+            W,
+            b,
+            K,
+            max_query_len=batch.num_tokens,
+            sink_size=S,
+        )
         window_args = dict(kv_offset=offset, window_size=W, future_offset=K, sink_size=S)
         windowed = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, True)
-        want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                    batch.query_start_loc, 0.3, True, W, K, S)
+        want = dense_sink_attention(
+            q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, True, W, K, S
+        )
         _close(paged_attention_ref(*windowed, **window_args), want)
         _close(_triton(*windowed, num_splits=rand(1, 3), **window_args), want)
         # non-causal on the per-request table with kv_offset and the window arguments
         lens, table = window.window_seq_lens_and_block_table(
-            batch.seq_lens, batch.block_table, W, b, K, sink_size=S)
-        window_args["kv_offset"] = window.compute_window(batch.seq_lens, W, b, K,
-                                                         sink_size=S).start
+            batch.seq_lens, batch.block_table, W, b, K, sink_size=S
+        )
+        window_args["kv_offset"] = window.compute_window(batch.seq_lens, W, b, K, sink_size=S).start
         windowed = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, False)
-        want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                    batch.query_start_loc, 0.3, False, W, K, S)
+        want = dense_sink_attention(
+            q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, False, W, K, S
+        )
         _close(paged_attention_ref(*windowed, **window_args), want)
         _close(_triton(*windowed, num_splits=rand(1, 3), **window_args), want)
 
@@ -173,14 +233,20 @@ def test_random_cases_against_the_reference():
 def test_zero_sinks_is_bit_identical_and_bad_sink_size_is_refused():
     batch, q, kc, vc, W, b, K, _ = _case("mixed decode and prefill")
     lens, table, offset = window.causal_window_metadata(
-        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
-        max_query_len=batch.num_tokens)
+        batch.seq_lens,
+        batch.block_table,
+        batch.query_start_loc,
+        W,
+        b,
+        K,
+        max_query_len=batch.num_tokens,
+    )
     args = (q, kc, vc, table, lens, batch.query_start_loc, 0.3, True)
     plain = _triton(*args, kv_offset=offset, window_size=W, future_offset=K)
     zero = _triton(*args, kv_offset=offset, window_size=W, future_offset=K, sink_size=0)
     assert torch.equal(plain, zero)
     with pytest.raises(ValueError, match="sink_size=4 is invalid"):
-        paged_attention_triton(*args, sink_size=4)           # no window
+        paged_attention_triton(*args, sink_size=4)  # no window
     with pytest.raises(ValueError, match="sink_size=-1 is invalid"):
         paged_attention_triton(*args, window_size=W, sink_size=-1)
 
@@ -192,13 +258,33 @@ def test_cuda_registration_runs_the_kernel_with_sinks_in_bf16(caplog):
 
     batch, q, kc, vc, W, b, K, S = _case("window starts inside the sinks")
     lens, table, offset = window.causal_window_metadata(
-        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
-        max_query_len=batch.num_tokens, sink_size=S)
-    want = dense_sink_attention(q, kc, vc, batch.block_table, batch.seq_lens,
-                                batch.query_start_loc, 0.3, True, W, K, S)
+        batch.seq_lens,
+        batch.block_table,
+        batch.query_start_loc,
+        W,
+        b,
+        K,
+        max_query_len=batch.num_tokens,
+        sink_size=S,
+    )
+    want = dense_sink_attention(
+        q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, True, W, K, S
+    )
     with caplog.at_level("WARNING"):
-        got = _paged_attention_cuda(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), table, lens,
-                                    batch.query_start_loc, 0.3, True, offset, W, K, S)
+        got = _paged_attention_cuda(
+            q.bfloat16(),
+            kc.bfloat16(),
+            vc.bfloat16(),
+            table,
+            lens,
+            batch.query_start_loc,
+            0.3,
+            True,
+            offset,
+            W,
+            K,
+            S,
+        )
     assert got.dtype == torch.bfloat16
     assert "no Triton kernel" not in caplog.text
     _close(got, want, tol=3e-2)
@@ -206,8 +292,10 @@ def test_cuda_registration_runs_the_kernel_with_sinks_in_bf16(caplog):
 
 # ------------------------------------------------ window metadata kernel and adapter
 
-@pytest.mark.parametrize("W,b,K,S", [(100, 16, 0, 16), (10, 4, 2, 5), (2000, 16, 0, 48),
-                                     (12, 4, 0, 40), (24, 8, 1, 1)])
+
+@pytest.mark.parametrize(
+    "W,b,K,S", [(100, 16, 0, 16), (10, 4, 2, 5), (2000, 16, 0, 48), (12, 4, 0, 40), (24, 8, 1, 1)]
+)
 @pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
 def test_window_metadata_with_sinks_equals_the_arithmetic(W, b, K, S, table_dtype):
     """Random tables and lengths (0, 1, b, window inside the sinks, S > seq):
@@ -220,27 +308,33 @@ def test_window_metadata_with_sinks_equals_the_arithmetic(W, b, K, S, table_dtyp
     seq_lens, table = seq_lens.to(DEVICE), table.to(DEVICE)
     cols = window.max_window_blocks(W, b, sink_size=S)
     buffer = torch.full((13, cols), -7, dtype=torch.int32, device=DEVICE)  # poisoned
-    lens, start, out = window_metadata_triton(seq_lens, table, W, b, K, out_table=buffer[:11],
-                                              sink_size=S)
-    want_lens, want_table = window.window_seq_lens_and_block_table(seq_lens, table, W, b, K,
-                                                                   sink_size=S)
+    lens, start, out = window_metadata_triton(
+        seq_lens, table, W, b, K, out_table=buffer[:11], sink_size=S
+    )
+    want_lens, want_table = window.window_seq_lens_and_block_table(
+        seq_lens, table, W, b, K, sink_size=S
+    )
     assert torch.equal(lens, want_lens)
     assert torch.equal(start, window.compute_window(seq_lens, W, b, K, sink_size=S).start)
     assert torch.equal(out.long(), want_table.long())
     assert torch.all(buffer[11:] == -7), "rows past num_reqs must stay untouched"
     with pytest.raises(ValueError, match=f"expected \\(11, {cols}\\)"):
-        window_metadata_triton(seq_lens, table, W, b, K, sink_size=S,
-                               out_table=buffer[:11, :cols - 1])
+        window_metadata_triton(
+            seq_lens, table, W, b, K, sink_size=S, out_table=buffer[:11, : cols - 1]
+        )
 
 
 def test_window_metadata_zero_sinks_and_empty_table():
     seq_lens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
     table = torch.randint(1, 99, (2, 12), dtype=torch.int32).to(DEVICE)
-    assert all(torch.equal(x, y) for x, y in zip(
-        window_metadata_triton(seq_lens, table, 8, 4, sink_size=0),
-        window_metadata_triton(seq_lens, table, 8, 4)))
-    lens, start, out = window_metadata_triton(
-        seq_lens, table[:, :0], 8, 4, sink_size=6)
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip(
+            window_metadata_triton(seq_lens, table, 8, 4, sink_size=0),
+            window_metadata_triton(seq_lens, table, 8, 4),
+        )
+    )
+    lens, start, out = window_metadata_triton(seq_lens, table[:, :0], 8, 4, sink_size=6)
     assert lens.tolist() == [5, 16] and start.tolist() == [0, 32]
     assert out.shape == (2, 5) and torch.all(out == 0)
     with pytest.raises(ValueError, match="sink_size=-2 is invalid"):
@@ -250,10 +344,12 @@ def test_window_metadata_zero_sinks_and_empty_table():
 def test_adapter_with_sinks_fused_equals_eager_and_the_arithmetic():
     gen = torch.Generator().manual_seed(5)
     W, b, K, S = 24, 8, 1, 12
-    fused = SlidingWindowAdapter(W, b, max_num_reqs=6, future_offset=K, device=DEVICE,
-                                 fused=True, sink_size=S)
-    eager = SlidingWindowAdapter(W, b, max_num_reqs=6, future_offset=K, device=DEVICE,
-                                 fused=False, sink_size=S)
+    fused = SlidingWindowAdapter(
+        W, b, max_num_reqs=6, future_offset=K, device=DEVICE, fused=True, sink_size=S
+    )
+    eager = SlidingWindowAdapter(
+        W, b, max_num_reqs=6, future_offset=K, device=DEVICE, fused=False, sink_size=S
+    )
     assert fused.block_table_buffer.shape == (6, window.max_window_blocks(W, b, sink_size=S))
     ptr = fused.block_table_buffer.data_ptr()
     for _ in range(2):
@@ -261,8 +357,9 @@ def test_adapter_with_sinks_fused_equals_eager_and_the_arithmetic():
         table = torch.randint(1, 500, (5, 16), generator=gen, dtype=torch.int32).to(DEVICE)
         got = fused.apply(seq_lens, table, seq_lens_cpu=seq_lens.cpu(), max_seq_len=120)
         want = eager.apply(seq_lens, table, seq_lens_cpu=seq_lens.cpu(), max_seq_len=120)
-        want_lens, want_table = window.window_seq_lens_and_block_table(seq_lens, table, W, b,
-                                                                       K, sink_size=S)
+        want_lens, want_table = window.window_seq_lens_and_block_table(
+            seq_lens, table, W, b, K, sink_size=S
+        )
         assert got.block_table.data_ptr() == ptr
         for meta in (got, want):
             assert torch.equal(meta.block_table, want_table)
@@ -274,11 +371,16 @@ def test_adapter_with_sinks_fused_equals_eager_and_the_arithmetic():
 
 
 def test_adapter_from_config_takes_the_sink_option():
-    config = DraftWindowConfig(draft_window_size=64, method="eagle3", num_speculative_tokens=3,
-                               draft_sink_size=20)
+    config = DraftWindowConfig(
+        draft_window_size=64, method="eagle3", num_speculative_tokens=3, draft_sink_size=20
+    )
     adapter = SlidingWindowAdapter.from_config(config, max_num_reqs=4, block_size=16)
-    assert (adapter.window_size, adapter.block_size, adapter.future_offset,
-            adapter.sink_size) == (64, 16, 3, 20)
+    assert (adapter.window_size, adapter.block_size, adapter.future_offset, adapter.sink_size) == (
+        64,
+        16,
+        3,
+        20,
+    )
     assert adapter.block_table_buffer.shape == (4, window.max_window_blocks(64, 16) + 2)
     own_b = DraftWindowConfig(draft_window_size=64, block_size=8, draft_sink_size=1)
     assert SlidingWindowAdapter.from_config(own_b, 2, block_size=16).block_size == 8
@@ -292,6 +394,7 @@ def test_adapter_from_config_takes_the_sink_option():
 
 # --------------------------------------------------------------- CUDA (run on a GPU)
 
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels on CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sink_kernels_on_cuda_match_the_reference(dtype):
@@ -304,20 +407,28 @@ def test_sink_kernels_on_cuda_match_the_reference(dtype):
     q_lens = [48, 1, 33, 1, 17, 1, 1, 16]
     W, b, K, S = 256, 16, 0, 40
     batch = make_paged_batch(seq_lens, q_lens, b, device="cuda", generator=gen)
-    kc, vc = random_kv_cache(batch.num_blocks, b, 2, 64, dtype=dtype, device="cuda",
-                             generator=gen)
+    kc, vc = random_kv_cache(batch.num_blocks, b, 2, 64, dtype=dtype, device="cuda", generator=gen)
     q = torch.randn(batch.num_tokens, 8, 64, generator=gen).to("cuda", dtype)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     full = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.125)
     lens, table, offset = window.causal_window_metadata(
-        batch.seq_lens, batch.block_table, batch.query_start_loc, W, b, K,
-        max_query_len=batch.num_tokens, sink_size=S)
+        batch.seq_lens,
+        batch.block_table,
+        batch.query_start_loc,
+        W,
+        b,
+        K,
+        max_query_len=batch.num_tokens,
+        sink_size=S,
+    )
     want = paged_attention_ref(*full, True, window_size=W, future_offset=K, sink_size=S)
-    got = torch.ops.dspark.paged_attention(q, kc, vc, table, lens, batch.query_start_loc,
-                                           0.125, True, offset, W, K, S)
+    got = torch.ops.dspark.paged_attention(
+        q, kc, vc, table, lens, batch.query_start_loc, 0.125, True, offset, W, K, S
+    )
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
-    lens, start, table = window_metadata_triton(batch.seq_lens, batch.block_table, W, b, K,
-                                                sink_size=S)
+    lens, start, table = window_metadata_triton(
+        batch.seq_lens, batch.block_table, W, b, K, sink_size=S
+    )
     want = paged_attention_ref(*full, False, window_size=W, future_offset=K, sink_size=S)
     got = paged_attention_triton(q, kc, vc, table, lens, batch.query_start_loc, 0.125, False)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
@@ -341,18 +452,31 @@ def test_compiled_causal_draft_with_sinks_on_cuda_matches_the_dense_mask(sink_si
     prefill) beside decodes (as test_per_token_window's CUDA test, plus sinks:
     one block, and 10 blocks so the window of the short request starts inside them)."""
     if not _pass_forwards_sinks():
-        pytest.skip("this tree's window pass does not forward draft_sink_size to per-token "
-                    "calls yet (PerTokenWindowArgs has no sink_size)")
+        pytest.skip(
+            "this tree's window pass does not forward draft_sink_size to per-token "
+            "calls yet (PerTokenWindowArgs has no sink_size)"
+        )
     from tests.draft_cases import cuda_args, make_draft_case
 
     case = make_draft_case([300, 70, 9], [120, 1, 9], causal=True, seed=1)
     W = 32
 
-    def attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-                  scale, causal):
-        return dense_sink_attention(query, key_cache, value_cache, block_table, seq_lens,
-                                    query_start_loc, scale, causal, W, 0,
-                                    sink_size).to(query.dtype)
+    def attention(
+        query, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, causal
+    ):
+        return dense_sink_attention(
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            scale,
+            causal,
+            W,
+            0,
+            sink_size,
+        ).to(query.dtype)
 
     keys, values = case.clone_caches()
     case.model.attention_override = attention
@@ -363,9 +487,12 @@ def test_compiled_causal_draft_with_sinks_on_cuda_matches_the_dense_mask(sink_si
         case.model.attention_override = None
     args = cuda_args(case)
     torch._dynamo.reset()
-    compiled = torch.compile(case.model.cuda(), backend="dspark", dynamic=False,
-                             options={"draft_window_size": W, "method": "dflash",
-                                      "draft_sink_size": sink_size})
+    compiled = torch.compile(
+        case.model.cuda(),
+        backend="dspark",
+        dynamic=False,
+        options={"draft_window_size": W, "method": "dflash", "draft_sink_size": sink_size},
+    )
     with torch.no_grad():
         got = compiled(*args)
     torch.testing.assert_close(got.cpu(), want, rtol=2e-4, atol=2e-4)

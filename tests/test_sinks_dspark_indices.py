@@ -14,8 +14,7 @@ from hypothesis import given, settings, strategies as st
 import dspark_compile
 from dspark_compile import DraftWindowConfig
 from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
-from dspark_compile.kernels import sparse_mla as ref
-from dspark_compile.kernels import sparse_mla_triton as tri
+from dspark_compile.kernels import sparse_mla as ref, sparse_mla_triton as tri
 from dspark_compile.models import make_paged_batch
 from dspark_compile.testing.dspark_case import dspark_args, make_dspark_case, run_dspark_eager
 
@@ -36,13 +35,18 @@ CASES = [
 
 
 def _batch(seq_lens, q_lens, block_size, seed=0):
-    return make_paged_batch(seq_lens, q_lens, block_size,
-                            generator=torch.Generator().manual_seed(seed))
+    return make_paged_batch(
+        seq_lens, q_lens, block_size, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def _args(batch, device="cpu"):
-    return (batch.seq_lens.to(device), batch.query_start_loc.to(device),
-            batch.block_table.to(device), batch.slot_mapping.to(device))
+    return (
+        batch.seq_lens.to(device),
+        batch.query_start_loc.to(device),
+        batch.block_table.to(device),
+        batch.slot_mapping.to(device),
+    )
 
 
 def dense_visible(batch, block_size, window, sink_size, noncausal):
@@ -87,17 +91,21 @@ def _width(q_lens, window, sink_size, block_size, noncausal):
 
 def _fns(noncausal):
     if noncausal:
-        return (ref.noncausal_swa_indices_ref, tri.noncausal_swa_indices_triton,
-                torch.ops.dspark.noncausal_swa_indices)
+        return (
+            ref.noncausal_swa_indices_ref,
+            tri.noncausal_swa_indices_triton,
+            torch.ops.dspark.noncausal_swa_indices,
+        )
     return ref.swa_indices_ref, tri.swa_indices_triton, torch.ops.dspark.swa_indices
 
 
 @pytest.mark.parametrize("noncausal", [False, True])
 @pytest.mark.parametrize("seq_lens,q_lens,b,window,sinks", CASES)
-def test_reference_triton_and_op_match_the_dense_mask(noncausal, seq_lens, q_lens, b, window,
-                                                      sinks):
+def test_reference_triton_and_op_match_the_dense_mask(
+    noncausal, seq_lens, q_lens, b, window, sinks
+):
     batch = _batch(seq_lens, q_lens, b, seed=sum(seq_lens) + sinks)
-    batch.slot_mapping[1] = -1                      # an invalid token: all -1 row
+    batch.slot_mapping[1] = -1  # an invalid token: all -1 row
     width = _width(q_lens, window, sinks, b, noncausal)
     want = dense_indices(batch, b, window, sinks, width, noncausal)
     ref_fn, tri_fn, op = _fns(noncausal)
@@ -115,21 +123,22 @@ def test_reference_triton_and_op_match_the_dense_mask(noncausal, seq_lens, q_len
 
 @pytest.mark.parametrize("noncausal", [False, True])
 @pytest.mark.parametrize("seq_lens,q_lens,b,window,sinks", CASES)
-def test_rows_list_each_slot_once_sinks_first_and_blocks_share_rows(noncausal, seq_lens, q_lens,
-                                                                   b, window, sinks):
+def test_rows_list_each_slot_once_sinks_first_and_blocks_share_rows(
+    noncausal, seq_lens, q_lens, b, window, sinks
+):
     batch = _batch(seq_lens, q_lens, b, seed=7)
     width = _width(q_lens, window, sinks, b, noncausal)
     ref_fn, _, _ = _fns(noncausal)
     rows = ref_fn(*_args(batch), b, window, width, sinks)
     for row in rows.tolist():
         live = [s for s in row if s >= 0]
-        assert len(live) == len(set(live))                      # nothing listed twice
-        assert row[len(live):] == [-1] * (width - len(live))    # then only padding
+        assert len(live) == len(set(live))  # nothing listed twice
+        assert row[len(live) :] == [-1] * (width - len(live))  # then only padding
     if noncausal:
         locs = batch.query_start_loc.tolist()
         for r in range(len(seq_lens)):
-            block = rows[locs[r]:locs[r + 1]]
-            assert (block == block[:1]).all()                   # sinks included
+            block = rows[locs[r] : locs[r + 1]]
+            assert (block == block[:1]).all()  # sinks included
 
 
 def test_window_inside_the_sinks_is_just_the_prefix():
@@ -147,7 +156,7 @@ def test_sinks_then_window_order():
     rows = ref.noncausal_swa_indices_ref(*_args(batch), 4, 10, 128, 6)
     table = batch.block_table[0].tolist()
     want = [table[p // 4] * 4 + p % 4 for p in list(range(8)) + list(range(46, 60))]
-    assert rows[0, :len(want)].tolist() == want and (rows[0, len(want):] == -1).all()
+    assert rows[0, : len(want)].tolist() == want and (rows[0, len(want) :] == -1).all()
 
 
 @pytest.mark.parametrize("noncausal", [False, True])
@@ -167,11 +176,19 @@ def test_sink_size_zero_is_todays_rows(noncausal):
 @pytest.mark.parametrize("bad", [-1, True, 2.0, "4"])
 def test_sink_size_is_validated(bad):
     batch = _batch([20], [4], 4)
-    for fn in (ref.swa_indices_ref, ref.noncausal_swa_indices_ref,
-               tri.noncausal_swa_indices_triton):
+    for fn in (
+        ref.swa_indices_ref,
+        ref.noncausal_swa_indices_ref,
+        tri.noncausal_swa_indices_triton,
+    ):
         with pytest.raises(ValueError, match=r"sink_size=.* is invalid: expected a non-negative"):
-            fn(*_args(batch, DEVICE if fn is tri.noncausal_swa_indices_triton else "cpu"),
-               4, 8, 128, bad)
+            fn(
+                *_args(batch, DEVICE if fn is tri.noncausal_swa_indices_triton else "cpu"),
+                4,
+                8,
+                128,
+                bad,
+            )
     if bad == -1:
         with pytest.raises(ValueError, match="sink_size=-1 is invalid"):
             torch.ops.dspark.noncausal_swa_indices(*_args(batch), 4, 8, 128, -1)
@@ -182,8 +199,9 @@ def test_sink_size_is_validated(bad):
 def test_row_longer_than_width_raises_with_the_sink_rule(impl, noncausal):
     # seq 300, q 10, W 100, S 30, b 16 -> S_b 32: non-causal 142 > 128, causal 132 > 128.
     batch = _batch([300, 40], [10, 3], 16)
-    fn = {"reference": _fns(noncausal)[0], "triton": _fns(noncausal)[1],
-          "op": _fns(noncausal)[2]}[impl]
+    fn = {"reference": _fns(noncausal)[0], "triton": _fns(noncausal)[1], "op": _fns(noncausal)[2]}[
+        impl
+    ]
     device = DEVICE if impl == "triton" else "cpu"
     if torch.device(device).type == "cpu":
         with pytest.raises(ValueError, match=r"longer than width=128.*S_b \+ W"):
@@ -220,8 +238,13 @@ def test_width_rule_values_and_arguments():
 
 
 @settings(max_examples=40, deadline=None)
-@given(window=st.integers(1, 300), max_q=st.integers(1, 40), sinks=st.integers(0, 300),
-       block=st.integers(1, 32), data=st.data())
+@given(
+    window=st.integers(1, 300),
+    max_q=st.integers(1, 40),
+    sinks=st.integers(0, 300),
+    block=st.integers(1, 32),
+    data=st.data(),
+)
 def test_width_rule_never_overflows_and_is_tight(window, max_q, sinks, block, data):
     """Random requests (q_len <= max_q) fit the rule's width; the worst case (a window
     starting past the sinks, q_len = max_q) does not fit one 128 narrower."""
@@ -265,6 +288,7 @@ def test_sparse_mla_over_sink_rows_equals_dense_masked_attention():
 
 # --- the DSpark pass and the compiled reference draft ---------------------------------
 
+
 def _eager_dense(model, batch, hidden, caches, window, sinks, block_size):
     """Eager draft whose indices come from the dense per-position mask (no index op)."""
     width = max(batch.seq_lens.tolist()) + 1
@@ -278,25 +302,32 @@ def _eager_dense(model, batch, hidden, caches, window, sinks, block_size):
 def _compiled(model, batch, hidden, caches, lowering, **options):
     torch._dynamo.reset()
     dspark_compile.clear_pass_records()
-    compiled = torch.compile(model, backend="dspark", dynamic=False,
-                             options={"lowering": lowering, "method": "dspark", **options})
+    compiled = torch.compile(
+        model,
+        backend="dspark",
+        dynamic=False,
+        options={"lowering": lowering, "method": "dspark", **options},
+    )
     caches = [c.clone() for c in caches]
     with torch.no_grad():
         out = compiled(*dspark_args(batch, hidden, caches))
-    [record] = [r for r in dspark_compile.pass_records()
-                if r.pass_name == "dspark_noncausal_indices"]
+    [record] = [
+        r for r in dspark_compile.pass_records() if r.pass_name == "dspark_noncausal_indices"
+    ]
     return out, caches, record.stats
 
 
 # W=8, S=6 (S_b=8): the long request reads [0, 8) + [47, 60), the last one's window
 # starts inside the sinks. W=120, S=10: width ceil((12 + 120 + 13) / 128) * 128 = 256.
-@pytest.mark.parametrize("lowering,window,sinks", [("aot_eager", 8, 6), ("inductor", 8, 6),
-                                                   ("inductor", 120, 10)])
+@pytest.mark.parametrize(
+    "lowering,window,sinks", [("aot_eager", 8, 6), ("inductor", 8, 6), ("inductor", 120, 10)]
+)
 def test_compiled_draft_with_sinks_equals_eager_dense_mask(lowering, window, sinks):
     model, batch, caches, hidden = make_dspark_case([60, 3, 0, 13, 30], [5, 3, 0, 5, 4])
     want, want_caches = _eager_dense(model, batch, hidden, caches, window, sinks, 4)
-    got, got_caches, stats = _compiled(model, batch, hidden, caches, lowering,
-                                       draft_window_size=window, draft_sink_size=sinks)
+    got, got_caches, stats = _compiled(
+        model, batch, hidden, caches, lowering, draft_window_size=window, draft_sink_size=sinks
+    )
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     for got_cache, want_cache in zip(got_caches, want_caches):
         torch.testing.assert_close(got_cache, want_cache, rtol=2e-5, atol=2e-5)
@@ -310,8 +341,9 @@ def test_compiled_draft_with_sinks_equals_eager_dense_mask(lowering, window, sin
 def test_compiled_draft_with_sink_size_zero_is_todays_output():
     model, batch, caches, hidden = make_dspark_case([60, 3, 0, 13], [5, 3, 0, 5], seed=1)
     want, _ = _eager_dense(model, batch, hidden, caches, 8, 0, 4)
-    got, _, stats = _compiled(model, batch, hidden, caches, "aot_eager", draft_window_size=8,
-                              draft_sink_size=0)
+    got, _, stats = _compiled(
+        model, batch, hidden, caches, "aot_eager", draft_window_size=8, draft_sink_size=0
+    )
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert stats["with_sinks"] == 0
 
@@ -321,8 +353,10 @@ def _index_graph(batch, sink_size=None):
 
     extra = () if sink_size is None else (sink_size,)
     args = _args(batch)
-    gm = make_fx(lambda s, q, t, m: torch.ops.dspark.swa_indices(s, q, t, m, 4, 16, 128, *extra),
-                 tracing_mode="fake")(*args)
+    gm = make_fx(
+        lambda s, q, t, m: torch.ops.dspark.swa_indices(s, q, t, m, 4, 16, 128, *extra),
+        tracing_mode="fake",
+    )(*args)
     return gm, args
 
 
@@ -333,7 +367,8 @@ def test_pass_sets_sinks_and_width_only_with_sinks():
     # draft_sink_size=0: the rewritten call is today's (no sink argument at all).
     gm, args = _index_graph(batch)
     DSparkNonCausalIndexPass(DraftWindowConfig(method="dspark", draft_window_size=8)).apply(
-        gm.graph)
+        gm.graph
+    )
     [call] = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert "sink_size" not in call.kwargs and len(call.args) == 7
     assert call.args[5:] == (8, 128)
@@ -341,8 +376,9 @@ def test_pass_sets_sinks_and_width_only_with_sinks():
     # S=30 (S_b 32): ceil((32 + 100 + 8) / 128) * 128 = 256.
     for sinks, width in ((6, 128), (30, 256)):
         gm, args = _index_graph(batch)
-        stats = DSparkNonCausalIndexPass(DraftWindowConfig(
-            method="dspark", draft_window_size=100, draft_sink_size=sinks)).apply(gm.graph)
+        stats = DSparkNonCausalIndexPass(
+            DraftWindowConfig(method="dspark", draft_window_size=100, draft_sink_size=sinks)
+        ).apply(gm.graph)
         assert stats == {"index_calls": 1, "rewritten": 1, "windowed": 1, "with_sinks": 1}
         [call] = [n for n in gm.graph.nodes if n.op == "call_function"]
         assert call.kwargs["sink_size"] == sinks and call.args[6] == width
@@ -357,7 +393,7 @@ def test_pass_keeps_a_calls_own_sinks_when_the_window_is_off():
     from dspark_compile.passes import DSparkNonCausalIndexPass
 
     batch = _batch([90, 9], [4, 4], 4, seed=6)
-    gm, args = _index_graph(batch, sink_size=5)            # the call's own S=5 -> S_b 8
+    gm, args = _index_graph(batch, sink_size=5)  # the call's own S=5 -> S_b 8
     stats = DSparkNonCausalIndexPass(DraftWindowConfig(method="dspark")).apply(gm.graph)
     assert stats == {"index_calls": 1, "rewritten": 1, "windowed": 0, "with_sinks": 1}
     gm.recompile()
@@ -367,7 +403,8 @@ def test_pass_keeps_a_calls_own_sinks_when_the_window_is_off():
     # With the window on, draft_sink_size replaces the call's own sinks.
     gm, args = _index_graph(batch, sink_size=5)
     DSparkNonCausalIndexPass(DraftWindowConfig(method="dspark", draft_window_size=16)).apply(
-        gm.graph)
+        gm.graph
+    )
     gm.recompile()
     assert torch.equal(gm(*args), dense_indices(batch, 4, 16, 0, 128, noncausal=True))
 
@@ -375,8 +412,12 @@ def test_pass_keeps_a_calls_own_sinks_when_the_window_is_off():
 def test_pass_uuid_depends_on_the_sinks():
     from dspark_compile.passes import DSparkNonCausalIndexPass
 
-    uuids = {DSparkNonCausalIndexPass(DraftWindowConfig(
-        method="dspark", draft_window_size=16, draft_sink_size=s)).uuid() for s in (0, 4, 8)}
+    uuids = {
+        DSparkNonCausalIndexPass(
+            DraftWindowConfig(method="dspark", draft_window_size=16, draft_sink_size=s)
+        ).uuid()
+        for s in (0, 4, 8)
+    }
     assert len(uuids) == 3
 
 
@@ -389,8 +430,7 @@ def test_ascend_check_sinks_insert_no_op_and_flag_the_same_ops():
     for sinks in (0, 6):
         options = {"method": "dspark", "draft_window_size": 8, "draft_sink_size": sinks}
         args = dspark_args(batch, hidden, [c.clone() for c in caches])
-        inserted = dspark_compile.check_ascend(model, *args, options=options,
-                                               inserted_only=True)
+        inserted = dspark_compile.check_ascend(model, *args, options=options, inserted_only=True)
         assert inserted.ok and inserted.num_nodes == 0
         args = dspark_args(batch, hidden, [c.clone() for c in caches])
         checks[sinks] = dspark_compile.check_ascend(model, *args, options=options)

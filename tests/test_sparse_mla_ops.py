@@ -6,8 +6,7 @@ import torch
 
 import dspark_compile  # noqa: F401  (registers torch.ops.dspark.*)
 from dspark_compile.arithmetic.index_width import causal_width, noncausal_width
-from dspark_compile.kernels import sparse_mla as ref
-from dspark_compile.kernels import sparse_mla_triton as tri
+from dspark_compile.kernels import sparse_mla as ref, sparse_mla_triton as tri
 from dspark_compile.models import make_paged_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,16 +50,21 @@ def _batch(seq_lens, q_lens, block_size, seed=0):
 
 
 def _index_args(batch, device=DEVICE):
-    return (batch.seq_lens.to(device), batch.query_start_loc.to(device),
-            batch.block_table.to(device), batch.slot_mapping.to(device))
+    return (
+        batch.seq_lens.to(device),
+        batch.query_start_loc.to(device),
+        batch.block_table.to(device),
+        batch.slot_mapping.to(device),
+    )
 
 
 @pytest.mark.parametrize("noncausal", [False, True])
 @pytest.mark.parametrize("seq_lens,q_lens,block_size,window,width", INDEX_CASES)
-def test_index_reference_and_triton_match_brute_force(noncausal, seq_lens, q_lens, block_size,
-                                                      window, width):
+def test_index_reference_and_triton_match_brute_force(
+    noncausal, seq_lens, q_lens, block_size, window, width
+):
     batch = _batch(seq_lens, q_lens, block_size)
-    batch.slot_mapping[1] = -1                      # an invalid token: all -1 row
+    batch.slot_mapping[1] = -1  # an invalid token: all -1 row
     want = brute_force_indices(batch, block_size, window, width, noncausal)
     ref_fn = ref.noncausal_swa_indices_ref if noncausal else ref.swa_indices_ref
     tri_fn = tri.noncausal_swa_indices_triton if noncausal else tri.swa_indices_triton
@@ -80,9 +84,9 @@ def test_noncausal_rows_are_shared_by_the_block_and_include_future_tokens():
     causal = ref.swa_indices_ref(*_index_args(batch, "cpu"), 4, 8, 128)
     assert (idx[:6] == idx[0]).all() and (idx[6:] == idx[6]).all()
     last_slot_of_block = int(batch.slot_mapping[5])
-    assert last_slot_of_block in idx[0].tolist()       # the first query sees the last token
+    assert last_slot_of_block in idx[0].tolist()  # the first query sees the last token
     assert last_slot_of_block not in causal[0].tolist()
-    assert int((idx[0] >= 0).sum()) == 8 + 6            # W context tokens + the whole block
+    assert int((idx[0] >= 0).sum()) == 8 + 6  # W context tokens + the whole block
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
@@ -93,7 +97,7 @@ def test_padding_tokens_get_all_minus_one_rows_never_stale(impl):
     fn = ref.noncausal_swa_indices_ref if impl == "reference" else tri.noncausal_swa_indices_triton
     got = fn(seq_lens, locs, table, padded_slots, 4, 6, 128)
     assert got.shape == (8, 128)
-    assert (got[5:] == -1).all()                        # past query_start_loc[-1]
+    assert (got[5:] == -1).all()  # past query_start_loc[-1]
     assert (got[:5] >= 0).any(dim=1).all()
 
 
@@ -101,8 +105,10 @@ def test_padding_tokens_get_all_minus_one_rows_never_stale(impl):
 @pytest.mark.parametrize("noncausal", [False, True])
 def test_range_longer_than_width_raises(impl, noncausal):
     batch = _batch([200], [10], 4)
-    fns = {"reference": (ref.swa_indices_ref, ref.noncausal_swa_indices_ref),
-           "op": (torch.ops.dspark.swa_indices, torch.ops.dspark.noncausal_swa_indices)}
+    fns = {
+        "reference": (ref.swa_indices_ref, ref.noncausal_swa_indices_ref),
+        "op": (torch.ops.dspark.swa_indices, torch.ops.dspark.noncausal_swa_indices),
+    }
     # causal needs W=130 <= width; non-causal needs W + q_len = 128 + 10 > 128.
     window = 128 if noncausal else 130
     with pytest.raises(ValueError, match="longer than width=128"):
@@ -120,7 +126,7 @@ def test_triton_flags_a_range_longer_than_width(noncausal):
     assert int(overflow) == 1
     _, overflow = tri.launch_index_kernel(*args, 4, window, 256, noncausal)
     assert int(overflow) == 0
-    if DEVICE == "cpu":     # on CUDA the device assert would end the process's CUDA context
+    if DEVICE == "cpu":  # on CUDA the device assert would end the process's CUDA context
         fn = tri.noncausal_swa_indices_triton if noncausal else tri.swa_indices_triton
         with pytest.raises(ValueError, match="longer than width=128"):
             fn(*args, 4, window, 128)
@@ -134,8 +140,9 @@ def test_index_args_are_validated():
     with pytest.raises(ValueError, match="block_table has shape .* torch.int64"):
         ref.swa_indices_ref(seq_lens, locs, table.long(), slots, 4, 8, 128)
     with pytest.raises(ValueError, match="query_start_loc has 3 entries"):
-        ref.swa_indices_ref(seq_lens, torch.tensor([0, 1, 2], dtype=torch.int32), table, slots,
-                            4, 8, 128)
+        ref.swa_indices_ref(
+            seq_lens, torch.tensor([0, 1, 2], dtype=torch.int32), table, slots, 4, 8, 128
+        )
 
 
 def test_widths():
@@ -153,11 +160,13 @@ def sdpa_per_token(query, kv_cache, indices, scale, kv_lora_rank):
         listed = [s for s in indices[t].tolist() if s >= 0]
         if not listed:
             continue
-        kv = flat[listed]                                              # [n, D]
-        q = query[t].double().unsqueeze(0)                             # [1, H, D]
+        kv = flat[listed]  # [n, D]
+        q = query[t].double().unsqueeze(0)  # [1, H, D]
         out[t] = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), kv.unsqueeze(0).expand(q.shape[1], -1, -1),
-            kv[:, :kv_lora_rank].unsqueeze(0).expand(q.shape[1], -1, -1), scale=scale,
+            q.transpose(0, 1),
+            kv.unsqueeze(0).expand(q.shape[1], -1, -1),
+            kv[:, :kv_lora_rank].unsqueeze(0).expand(q.shape[1], -1, -1),
+            scale=scale,
         ).squeeze(1)
     return out
 
@@ -170,8 +179,9 @@ MLA_CASES = [
 
 
 def _triton_mla(query, kv_cache, indices, scale, lora):
-    return tri.sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
-                                           indices.to(DEVICE), scale, lora).cpu()
+    return tri.sparse_mla_attention_triton(
+        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), scale, lora
+    ).cpu()
 
 
 def _mla_inputs(batch, heads, lora, rope, seed, dtype=torch.float32):
@@ -183,8 +193,9 @@ def _mla_inputs(batch, heads, lora, rope, seed, dtype=torch.float32):
 
 @pytest.mark.parametrize("noncausal", [False, True])
 @pytest.mark.parametrize("seq_lens,q_lens,block_size,window,width,heads,lora,rope", MLA_CASES)
-def test_sparse_mla_matches_sdpa_over_listed_slots(noncausal, seq_lens, q_lens, block_size,
-                                                   window, width, heads, lora, rope):
+def test_sparse_mla_matches_sdpa_over_listed_slots(
+    noncausal, seq_lens, q_lens, block_size, window, width, heads, lora, rope
+):
     batch = _batch(seq_lens, q_lens, block_size, seed=3)
     fn = ref.noncausal_swa_indices_ref if noncausal else ref.swa_indices_ref
     indices = fn(*_index_args(batch, "cpu"), block_size, window, width)
@@ -193,11 +204,13 @@ def test_sparse_mla_matches_sdpa_over_listed_slots(noncausal, seq_lens, q_lens, 
     want = sdpa_per_token(query, kv_cache, indices, scale, lora)
     got_ref = ref.sparse_mla_attention_ref(query, kv_cache, indices, scale, lora)
     torch.testing.assert_close(got_ref.double(), want, rtol=1e-5, atol=1e-5)
-    got_tri = tri.sparse_mla_attention_triton(query.to(DEVICE), kv_cache.to(DEVICE),
-                                              indices.to(DEVICE), scale, lora)
+    got_tri = tri.sparse_mla_attention_triton(
+        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), scale, lora
+    )
     torch.testing.assert_close(got_tri.cpu().double(), want, rtol=1e-4, atol=1e-4)
-    got_op = torch.ops.dspark.sparse_mla_attention(query.to(DEVICE), kv_cache.to(DEVICE),
-                                                   indices.to(DEVICE), scale, lora)
+    got_op = torch.ops.dspark.sparse_mla_attention(
+        query.to(DEVICE), kv_cache.to(DEVICE), indices.to(DEVICE), scale, lora
+    )
     torch.testing.assert_close(got_op.cpu().double(), want, rtol=1e-4, atol=1e-4)
 
 
@@ -205,7 +218,7 @@ def test_sparse_mla_skips_minus_one_and_empty_rows_are_zero():
     batch = _batch([9], [3], 4, seed=5)
     query, kv_cache = _mla_inputs(batch, 2, 16, 16, seed=6)
     indices = torch.full((3, 64), -1, dtype=torch.int32)
-    indices[0, [0, 5, 40]] = torch.tensor([2, 7, 3], dtype=torch.int32)   # scattered, holes
+    indices[0, [0, 5, 40]] = torch.tensor([2, 7, 3], dtype=torch.int32)  # scattered, holes
     want = sdpa_per_token(query, kv_cache, indices, 0.3, 16)
     for fn in (ref.sparse_mla_attention_ref, _triton_mla):
         got = fn(query, kv_cache, indices, 0.3, 16)
@@ -235,7 +248,7 @@ def test_noncausal_output_depends_on_the_last_block_token_and_causal_does_not():
         rel = (after_nc[0] - before_nc[0]).norm() / before_nc[0].norm()
         assert rel > 0.1, f"non-causal first query ignored the last block token ({rel:.3f})"
         assert torch.equal(after_c[0], before_c[0])
-        assert not torch.equal(after_c[-1], before_c[-1])   # the last causal query reads it
+        assert not torch.equal(after_c[-1], before_c[-1])  # the last causal query reads it
 
 
 def test_sparse_mla_validates_arguments():
@@ -268,7 +281,7 @@ def test_sparse_mla_bf16_on_gpu():
     batch = _batch([300, 77], [6, 6], 16, seed=9)
     indices = ref.noncausal_swa_indices_ref(*_index_args(batch, "cpu"), 16, 128, 256)
     query, kv_cache = _mla_inputs(batch, 16, 512, 64, seed=10, dtype=torch.bfloat16)
-    scale = 576 ** -0.5
+    scale = 576**-0.5
     want = ref.sparse_mla_attention_ref(query, kv_cache, indices, scale, 512)
     got = tri.sparse_mla_attention_triton(query.cuda(), kv_cache.cuda(), indices.cuda(), scale, 512)
     assert got.dtype == torch.bfloat16

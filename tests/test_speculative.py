@@ -10,16 +10,31 @@ import pytest
 import torch
 
 from dspark_compile.speculative import (
-    LMConfig, PagedKVCache, SpeculativeDecoder, TransformerLM, compile_draft, greedy_verify,
-    target_greedy_decode)
+    LMConfig,
+    PagedKVCache,
+    SpeculativeDecoder,
+    TransformerLM,
+    compile_draft,
+    greedy_verify,
+    target_greedy_decode,
+)
 
 BLOCK = 16
-TARGET_CFG = LMConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                      intermediate_size=64)
-DRAFT_CFG = LMConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                     intermediate_size=64)
-EAGLE_CFG = LMConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                     intermediate_size=64, feature_size=32)
+TARGET_CFG = LMConfig(
+    hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64
+)
+DRAFT_CFG = LMConfig(
+    hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
+)
+EAGLE_CFG = LMConfig(
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    intermediate_size=64,
+    feature_size=32,
+)
 
 
 def _peaked(model: TransformerLM, scale: float = 8.0) -> TransformerLM:
@@ -53,11 +68,19 @@ def test_paged_forward_matches_dense_forward():
     dense_logits, dense_hidden = model.forward_dense(tokens[None], features)
     cache = PagedKVCache(*model.kv_cache_shape, capacity=50, block_size=BLOCK)
     logits, hidden = [], []
-    for n in (17, 1, 5, 22):       # chunks crossing block boundaries
+    for n in (17, 1, 5, 22):  # chunks crossing block boundaries
         step = cache.step(n)
-        out = model(tokens[step.positions], features[0, step.positions], step.positions,
-                    cache.key_caches, cache.value_caches, step.block_table, step.seq_lens,
-                    step.query_start_loc, step.slot_mapping)
+        out = model(
+            tokens[step.positions],
+            features[0, step.positions],
+            step.positions,
+            cache.key_caches,
+            cache.value_caches,
+            step.block_table,
+            step.seq_lens,
+            step.query_start_loc,
+            step.slot_mapping,
+        )
         logits.append(out[0])
         hidden.append(out[1])
     torch.testing.assert_close(torch.cat(logits), dense_logits[0], rtol=1e-4, atol=1e-4)
@@ -77,8 +100,12 @@ def test_greedy_verify_known_answers():
 @pytest.mark.parametrize("k", [1, 4])
 def test_self_draft_accepts_every_token(target, k):
     """The target as its own draft (compiled, no window): tau = K + 1 exactly."""
-    decoder = SpeculativeDecoder(target, target, num_speculative_tokens=k,
-                                 draft_fn=compile_draft(target, None, lowering="aot_eager"))
+    decoder = SpeculativeDecoder(
+        target,
+        target,
+        num_speculative_tokens=k,
+        draft_fn=compile_draft(target, None, lowering="aot_eager"),
+    )
     result = decoder.generate(_prompt(37), max_new_tokens=20)
     assert result.tau == k + 1
     assert result.acceptance_per_position == [1.0] * k
@@ -88,8 +115,13 @@ def test_self_draft_accepts_every_token(target, k):
 def test_sampled_self_draft_accepts_every_token_and_reproduces(target):
     """Rejection sampling in the loop: with q == p every draft token is accepted
     (u * q < p for u < 1); the same seed gives the same tokens."""
-    decoder = SpeculativeDecoder(target, target, num_speculative_tokens=3, temperature=1.0,
-                                 draft_fn=compile_draft(target, None, lowering="aot_eager"))
+    decoder = SpeculativeDecoder(
+        target,
+        target,
+        num_speculative_tokens=3,
+        temperature=1.0,
+        draft_fn=compile_draft(target, None, lowering="aot_eager"),
+    )
     first = decoder.generate(_prompt(20), max_new_tokens=16, seed=5)
     assert first.tau == 4.0
     assert decoder.generate(_prompt(20), max_new_tokens=16, seed=5).tokens == first.tokens
@@ -101,17 +133,25 @@ def test_accepted_output_equals_target_greedy_decode(target, family):
     """Whatever the draft proposes, greedy speculative decoding emits the target's
     own greedy tokens, with a window much shorter than the context and a chunked
     draft prefill."""
-    draft = (_noisy_copy(target, 0.3, seed=1) if family == "draft_model"
-             else _peaked(TransformerLM(EAGLE_CFG, seed=2)))
+    draft = (
+        _noisy_copy(target, 0.3, seed=1)
+        if family == "draft_model"
+        else _peaked(TransformerLM(EAGLE_CFG, seed=2))
+    )
     decoder = SpeculativeDecoder(
-        target, draft, num_speculative_tokens=3, draft_prefill_chunk=8, max_len=128,
-        draft_fn=compile_draft(draft, 24, lowering="aot_eager"))
+        target,
+        draft,
+        num_speculative_tokens=3,
+        draft_prefill_chunk=8,
+        max_len=128,
+        draft_fn=compile_draft(draft, 24, lowering="aot_eager"),
+    )
     for seed, n in ((0, 70), (1, 5)):
         result = decoder.generate(_prompt(n, seed), max_new_tokens=24)
         assert result.tokens == target_greedy_decode(target, _prompt(n, seed), 24)[0]
-        assert result.committed_tokens + 1 >= 24       # + the token of the target prefill
+        assert result.committed_tokens + 1 >= 24  # + the token of the target prefill
     if family == "draft_model":
-        assert 0 < sum(result.accepted) < 3 * result.rounds   # partly accepted: a real test
+        assert 0 < sum(result.accepted) < 3 * result.rounds  # partly accepted: a real test
 
 
 def test_window_wider_than_context_gives_no_window_tokens(target):
@@ -119,8 +159,13 @@ def test_window_wider_than_context_gives_no_window_tokens(target):
     runs = {}
     for window in (None, 512, 16):
         decoder = SpeculativeDecoder(
-            target, draft, num_speculative_tokens=3, draft_prefill_chunk=8, max_len=128,
-            draft_fn=compile_draft(draft, window, lowering="aot_eager"))
+            target,
+            draft,
+            num_speculative_tokens=3,
+            draft_prefill_chunk=8,
+            max_len=128,
+            draft_fn=compile_draft(draft, window, lowering="aot_eager"),
+        )
         runs[window] = decoder.generate(_prompt(60), max_new_tokens=24, nll_tail=40)
     assert runs[512].tokens == runs[None].tokens
     assert runs[512].accepted == runs[None].accepted

@@ -9,13 +9,19 @@ import pytest
 import torch
 
 import dspark_compile  # noqa: F401
+from dspark_compile.arithmetic.window import (
+    compute_window,
+    gather_window_block_table,
+    max_window_blocks,
+)
 from dspark_compile.kernels.paged_attention import paged_attention_ref
-from dspark_compile.kernels.paged_attention_triton import (choose_launch, paged_attention_triton,
-                                                           wave_fit_splits)
+from dspark_compile.kernels.paged_attention_triton import (
+    choose_launch,
+    paged_attention_triton,
+    wave_fit_splits,
+)
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
-from dspark_compile.arithmetic.window import (compute_window, gather_window_block_table,
-                                              max_window_blocks)
 from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -24,16 +30,16 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def _batch(seq_lens, q_lens, block_size, heads, kv_heads, head_dim, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     batch = make_paged_batch(seq_lens, q_lens, block_size, device=DEVICE, generator=gen)
-    kc, vc = random_kv_cache(batch.num_blocks, block_size, kv_heads, head_dim, dtype=dtype,
-                             device=DEVICE, generator=gen)
+    kc, vc = random_kv_cache(
+        batch.num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=DEVICE, generator=gen
+    )
     q = torch.randn(batch.num_tokens, heads, head_dim, generator=gen).to(DEVICE, dtype)
     return batch, q, kc, vc
 
 
 def _run(q, kc, vc, table, seq_lens, qsl, scale, causal, **launch):
     out = torch.full_like(q, float("nan"))
-    got = paged_attention_triton(q, kc, vc, table, seq_lens, qsl, scale, causal, out=out,
-                                 **launch)
+    got = paged_attention_triton(q, kc, vc, table, seq_lens, qsl, scale, causal, out=out, **launch)
     assert got.data_ptr() == out.data_ptr()
     assert not torch.isnan(got).any(), "unwritten or NaN output"
     return got
@@ -61,18 +67,23 @@ ATTENTION_CASES = [
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("seq_lens,q_lens,b,hq,hkv,d,dtype,splits", ATTENTION_CASES)
-def test_paged_attention_matches_reference(causal, seq_lens, q_lens, b, hq, hkv, d, dtype,
-                                           splits):
+def test_paged_attention_matches_reference(causal, seq_lens, q_lens, b, hq, hkv, d, dtype, splits):
     batch, q, kc, vc = _batch(seq_lens, q_lens, b, hq, hkv, d, dtype, seed=sum(seq_lens) + d)
-    args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, d ** -0.5,
-            causal)
+    args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, d**-0.5, causal)
     got = _run(*args, num_splits=splits)
     _assert_close(got, paged_attention_ref(*args), dtype)
 
 
-@pytest.mark.parametrize("launch", [
-    dict(exact_tiles=True), dict(heads_first=True), dict(exact_tiles=True, heads_first=True),
-    dict(programs_per_sm=1, min_split_tokens=8), dict(programs_per_sm=64, min_split_tokens=4)])
+@pytest.mark.parametrize(
+    "launch",
+    [
+        dict(exact_tiles=True),
+        dict(heads_first=True),
+        dict(exact_tiles=True, heads_first=True),
+        dict(programs_per_sm=1, min_split_tokens=8),
+        dict(programs_per_sm=64, min_split_tokens=4),
+    ],
+)
 @pytest.mark.parametrize("q_lens", [[1, 1, 0, 1, 1], [3, 1, 0, 4, 2]])
 def test_launch_knobs_do_not_change_the_result(launch, q_lens):
     """The tuning knobs (benchmarks/bench_peer_attention.py --configs) only cut the
@@ -96,8 +107,14 @@ def test_splits_fill_whole_waves():
 
 
 def _launch(cfg):
-    return (cfg.num_splits, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.exact_tiles,
-            cfg.heads_first)
+    return (
+        cfg.num_splits,
+        cfg.block_n,
+        cfg.num_warps,
+        cfg.num_stages,
+        cfg.exact_tiles,
+        cfg.heads_first,
+    )
 
 
 def test_default_launches_are_the_measured_ones():
@@ -105,28 +122,43 @@ def test_default_launches_are_the_measured_ones():
     (Hq 32 / Hkv 8, b=16, W=2048 -> 129-block windowed tables, 132 SMs)."""
     gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
     win = max_window_blocks(2048, 16)
-    long_decode = (1, 128, 4, 5, True, True)         # pipelined, 1 program per SM
-    short_decode = (1, 128, 4, 3, True, True)        # 2 programs per SM
-    for width in (2048, 8192):                       # batch 32 decode: 32k, 128k
+    long_decode = (1, 128, 4, 5, True, True)  # pipelined, 1 program per SM
+    short_decode = (1, 128, 4, 3, True, True)  # 2 programs per SM
+    for width in (2048, 8192):  # batch 32 decode: 32k, 128k
         assert _launch(choose_launch(32, 32, 8, 4, width, 16, gpu, num_sms=132)) == long_decode
     assert _launch(choose_launch(32, 32, 8, 4, win, 16, gpu, num_sms=132)) == short_decode
     in_kernel = choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, window_tokens=2048)
-    assert _launch(in_kernel) == short_decode        # the window's span decides, not the table
-    assert _launch(choose_launch(1, 1, 8, 4, 2048, 16, gpu, num_sms=132)) == \
-        (15,) + long_decode[1:]
-    assert _launch(choose_launch(1, 1, 8, 4, win, 16, gpu, num_sms=132)) == \
-        (9,) + short_decode[1:]
-    blocks = (1, 64, 4, 5, False, False)             # 16-token blocks, pipelined
-    for width in (8192, win):                        # 128k and the window
+    assert _launch(in_kernel) == short_decode  # the window's span decides, not the table
+    assert _launch(choose_launch(1, 1, 8, 4, 2048, 16, gpu, num_sms=132)) == (15,) + long_decode[1:]
+    assert _launch(choose_launch(1, 1, 8, 4, win, 16, gpu, num_sms=132)) == (9,) + short_decode[1:]
+    blocks = (1, 64, 4, 5, False, False)  # 16-token blocks, pipelined
+    for width in (8192, win):  # 128k and the window
         launch = choose_launch(512, 32, 8, 4, width, 16, gpu, num_sms=132)
         assert _launch(launch) == blocks and launch.block_m == 64
     # the earlier default, as a sweep's baseline
-    old = choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
-                        block_n=64, num_stages=3, exact_tiles=False, heads_first=False)
+    old = choose_launch(
+        32,
+        32,
+        8,
+        4,
+        2048,
+        16,
+        gpu,
+        num_sms=132,
+        programs_per_sm=16,
+        block_n=64,
+        num_stages=3,
+        exact_tiles=False,
+        heads_first=False,
+    )
     assert _launch(old) == (9, 64, 4, 3, False, False)
     # the earlier rule on request: ceil(16 x 132 / 256) = 9 splits
-    assert choose_launch(32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16,
-                         block_n=64).num_splits == 9
+    assert (
+        choose_launch(
+            32, 32, 8, 4, 2048, 16, gpu, num_sms=132, programs_per_sm=16, block_n=64
+        ).num_splits
+        == 9
+    )
 
 
 def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
@@ -145,9 +177,8 @@ def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
 
     def small_gpu(cfg, *rest):
         tried.append((cfg.block_n, cfg.num_stages))
-        if cfg.block_n * cfg.num_stages > 32:          # "needs too much shared memory"
-            raise triton.runtime.errors.OutOfResources(cfg.num_stages * 1000, 1000,
-                                                       "shared memory")
+        if cfg.block_n * cfg.num_stages > 32:  # "needs too much shared memory"
+            raise triton.runtime.errors.OutOfResources(cfg.num_stages * 1000, 1000, "shared memory")
         return real_launch(cfg, *rest)
 
     monkeypatch.setattr(pat, "_launch", small_gpu)
@@ -156,7 +187,7 @@ def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
     assert tried == [(16, 5), (16, 4), (16, 3), (16, 2)]
     tried.clear()
     _assert_close(_run(*args, block_n=16, num_stages=5), want, torch.float32)
-    assert tried == [(16, 2)]                          # remembered for this shape
+    assert tried == [(16, 2)]  # remembered for this shape
     tried.clear()
 
     def nothing_fits(cfg, *rest):
@@ -172,17 +203,34 @@ def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
 
 def test_launch_knobs_shape_the_grid():
     gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
-    decode = choose_launch(32, 32, 8, 4, 129, 16, gpu, num_sms=132, exact_tiles=True,
-                           heads_first=True, programs_per_sm=2, min_split_tokens=512)
+    decode = choose_launch(
+        32,
+        32,
+        8,
+        4,
+        129,
+        16,
+        gpu,
+        num_sms=132,
+        exact_tiles=True,
+        heads_first=True,
+        programs_per_sm=2,
+        min_split_tokens=512,
+    )
     assert decode.grid(32, 32, 8) == (8, 32, decode.num_splits)
-    assert decode.num_splits == 2                     # 2 x 132 programs wanted / 256
+    assert decode.num_splits == 2  # 2 x 132 programs wanted / 256
     blocks = choose_launch(32 * 16, 32, 8, 4, 129, 16, gpu, num_sms=132, exact_tiles=True)
     assert not blocks.exact_tiles and blocks.grid(512, 32, 8) == (64, 8, blocks.num_splits)
     with pytest.raises(ValueError, match="launch options"):
-        paged_attention_triton(*_batch([5], [1], 4, 2, 1, 16, torch.float32, 1)[1:4],
-                               torch.zeros(1, 2, dtype=torch.int32),
-                               torch.ones(1, dtype=torch.int32),
-                               torch.tensor([0, 1], dtype=torch.int32), 0.3, True, splits=2)
+        paged_attention_triton(
+            *_batch([5], [1], 4, 2, 1, 16, torch.float32, 1)[1:4],
+            torch.zeros(1, 2, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32),
+            0.3,
+            True,
+            splits=2,
+        )
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -193,12 +241,22 @@ def test_windowed_kernels_match_masked_full_reference(causal, window, future_off
     [start, seq_len) on the FULL table. W=10/12 are not multiples of b=4;
     W=200 is larger than every sequence."""
     batch, q, kc, vc = _batch([45, 12, 3, 30], [4, 1, 3, 4], 4, 8, 2, 16, torch.float32, 11)
-    lens, start, table = window_metadata_triton(batch.seq_lens, batch.block_table, window, 4,
-                                                future_offset)
+    lens, start, table = window_metadata_triton(
+        batch.seq_lens, batch.block_table, window, 4, future_offset
+    )
     got = _run(q, kc, vc, table, lens, batch.query_start_loc, 0.25, causal, num_splits=2)
     kv_start = compute_window(batch.seq_lens, window, 4, future_offset).start
-    want = paged_attention_ref(q, kc, vc, batch.block_table, batch.seq_lens,
-                               batch.query_start_loc, 0.25, causal, kv_start=kv_start)
+    want = paged_attention_ref(
+        q,
+        kc,
+        vc,
+        batch.block_table,
+        batch.seq_lens,
+        batch.query_start_loc,
+        0.25,
+        causal,
+        kv_start=kv_start,
+    )
     _assert_close(got, want, torch.float32)
 
 
@@ -217,11 +275,20 @@ def test_queries_before_the_window_see_nothing_and_output_zeros():
 def test_empty_block_table_and_no_tokens():
     batch, q, kc, vc = _batch([5], [2], 4, 2, 1, 16, torch.float32, 1)
     no_table = batch.block_table[:, :0]
-    got = _run(q, kc, vc, no_table, torch.zeros_like(batch.seq_lens), batch.query_start_loc,
-               0.3, False)
+    got = _run(
+        q, kc, vc, no_table, torch.zeros_like(batch.seq_lens), batch.query_start_loc, 0.3, False
+    )
     assert torch.all(got == 0)
-    empty = paged_attention_triton(q[:0], kc, vc, batch.block_table[:0], batch.seq_lens[:0],
-                                   batch.query_start_loc[:1], 0.3, False)
+    empty = paged_attention_triton(
+        q[:0],
+        kc,
+        vc,
+        batch.block_table[:0],
+        batch.seq_lens[:0],
+        batch.query_start_loc[:1],
+        0.3,
+        False,
+    )
     assert empty.shape == (0, 2, 16)
 
 
@@ -229,8 +296,9 @@ def test_launch_is_sized_from_table_width_not_lengths():
     """Same shapes, different lengths -> same launch; windowed width -> fewer splits."""
     gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
     full = choose_launch(32, 32, 8, 4, 8192, 16, gpu, block_n=64, num_sms=132)
-    windowed = choose_launch(32, 32, 8, 4, max_window_blocks(2048, 16), 16, gpu, block_n=64,
-                             num_sms=132)
+    windowed = choose_launch(
+        32, 32, 8, 4, max_window_blocks(2048, 16), 16, gpu, block_n=64, num_sms=132
+    )
     assert full.num_splits * full.tokens_per_split >= 8192 * 16
     assert windowed.num_splits * windowed.tokens_per_split < 2 * (2048 + 2 * 16 + 64)
     assert (full.block_q, full.block_m) == (1, 16)
@@ -241,18 +309,44 @@ def test_launch_is_sized_from_table_width_not_lengths():
 def test_paged_attention_rejects_bad_inputs():
     batch, q, kc, vc = _batch([5], [2], 4, 3, 2, 16, torch.float32, 1)
     with pytest.raises(ValueError, match="3 heads.*multiple of the cache's 2"):
-        paged_attention_triton(q, kc, vc, batch.block_table, batch.seq_lens,
-                               batch.query_start_loc, 0.3, False)
+        paged_attention_triton(
+            q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.3, False
+        )
     with pytest.raises(ValueError, match="dtype.*expected one of"):
-        paged_attention_triton(q[:, :2].double(), kc.double(), vc.double(), batch.block_table,
-                               batch.seq_lens, batch.query_start_loc, 0.3, False)
+        paged_attention_triton(
+            q[:, :2].double(),
+            kc.double(),
+            vc.double(),
+            batch.block_table,
+            batch.seq_lens,
+            batch.query_start_loc,
+            0.3,
+            False,
+        )
     with pytest.raises(ValueError, match="out \\(2, 2, 16\\) torch.float16 is invalid"):
-        paged_attention_triton(q[:, :2].contiguous(), kc, vc, batch.block_table,
-                               batch.seq_lens, batch.query_start_loc, 0.3, False,
-                               out=q.new_empty(2, 2, 16, dtype=torch.float16))
+        paged_attention_triton(
+            q[:, :2].contiguous(),
+            kc,
+            vc,
+            batch.block_table,
+            batch.seq_lens,
+            batch.query_start_loc,
+            0.3,
+            False,
+            out=q.new_empty(2, 2, 16, dtype=torch.float16),
+        )
     with pytest.raises(ValueError, match="num_splits=0 is invalid"):
-        paged_attention_triton(q[:, :2].contiguous(), kc, vc, batch.block_table,
-                               batch.seq_lens, batch.query_start_loc, 0.3, False, num_splits=0)
+        paged_attention_triton(
+            q[:, :2].contiguous(),
+            kc,
+            vc,
+            batch.block_table,
+            batch.seq_lens,
+            batch.query_start_loc,
+            0.3,
+            False,
+            num_splits=0,
+        )
 
 
 def test_cuda_registration_runs_the_triton_kernel():
@@ -266,8 +360,8 @@ def test_cuda_registration_runs_the_triton_kernel():
 
 
 WINDOW_CASES = [  # W, b, K
-    (100, 16, 0),   # b does not divide W: needs ceil(W/b) + 1 = 8 columns
-    (10, 4, 2),     # eagle3-style future offset
+    (100, 16, 0),  # b does not divide W: needs ceil(W/b) + 1 = 8 columns
+    (10, 4, 2),  # eagle3-style future offset
     (2000, 16, 0),  # window larger than every sequence
     (12, 4, 0),
 ]
@@ -283,8 +377,9 @@ def test_window_metadata_matches_reference(window, block_size, future_offset, ta
     seq_lens, table = seq_lens.to(DEVICE), table.to(DEVICE)
     cols = max_window_blocks(window, block_size)
     buffer = torch.full((12, cols), -7, dtype=torch.int32, device=DEVICE)  # poisoned
-    lens, start, out = window_metadata_triton(seq_lens, table, window, block_size,
-                                              future_offset, out_table=buffer[:9])
+    lens, start, out = window_metadata_triton(
+        seq_lens, table, window, block_size, future_offset, out_table=buffer[:9]
+    )
     want = compute_window(seq_lens, window, block_size, future_offset)
     assert torch.equal(lens, want.windowed_len) and torch.equal(start, want.start)
     assert out.data_ptr() == buffer.data_ptr()
@@ -296,24 +391,28 @@ def test_window_metadata_matches_reference(window, block_size, future_offset, ta
 def test_window_metadata_edge_shapes_and_errors():
     seq_lens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
     lens, start, table = window_metadata_triton(
-        seq_lens, torch.zeros(2, 0, dtype=torch.int32, device=DEVICE), 8, 4)
+        seq_lens, torch.zeros(2, 0, dtype=torch.int32, device=DEVICE), 8, 4
+    )
     assert lens.tolist() == [5, 8] and start.tolist() == [0, 32]
     assert table.shape == (2, 3) and torch.all(table == 0)
     empty = window_metadata_triton(seq_lens[:0], torch.zeros(0, 4, dtype=torch.int32), 8, 4)
     assert empty[2].shape == (0, 3)
     with pytest.raises(ValueError, match="out_table has shape \\(2, 5\\), expected \\(2, 3\\)"):
-        window_metadata_triton(seq_lens, torch.zeros(2, 4, dtype=torch.int32, device=DEVICE),
-                               8, 4, out_table=torch.zeros(2, 5, dtype=torch.int32))
+        window_metadata_triton(
+            seq_lens,
+            torch.zeros(2, 4, dtype=torch.int32, device=DEVICE),
+            8,
+            4,
+            out_table=torch.zeros(2, 5, dtype=torch.int32),
+        )
     with pytest.raises(ValueError, match="window_size=0 is invalid"):
         window_metadata_triton(seq_lens, torch.zeros(2, 4, dtype=torch.int32), 0, 4)
 
 
 def test_adapter_fused_equals_reference_with_a_stable_buffer():
     gen = torch.Generator().manual_seed(2)
-    fused = SlidingWindowAdapter(24, 8, max_num_reqs=6, future_offset=1, device=DEVICE,
-                                 fused=True)
-    eager = SlidingWindowAdapter(24, 8, max_num_reqs=6, future_offset=1, device=DEVICE,
-                                 fused=False)
+    fused = SlidingWindowAdapter(24, 8, max_num_reqs=6, future_offset=1, device=DEVICE, fused=True)
+    eager = SlidingWindowAdapter(24, 8, max_num_reqs=6, future_offset=1, device=DEVICE, fused=False)
     ptr = fused.block_table_buffer.data_ptr()
     for _ in range(2):  # seq_lens change between steps, the buffer stays put
         seq_lens = torch.randint(0, 120, (5,), generator=gen, dtype=torch.int32).to(DEVICE)
@@ -344,8 +443,12 @@ def test_reshape_and_cache_matches_reference(dtype):
     reshape_and_cache_ref(key, value, want_k, want_v, slots)
     _reshape_and_cache_cuda(key, value, kc, vc, slots)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
-    assert not torch.equal(kc, random_kv_cache(6, 4, 3, 24, dtype=dtype, device=DEVICE,
-                                               generator=torch.Generator().manual_seed(4))[0])
+    assert not torch.equal(
+        kc,
+        random_kv_cache(
+            6, 4, 3, 24, dtype=dtype, device=DEVICE, generator=torch.Generator().manual_seed(4)
+        )[0],
+    )
 
 
 def test_cuda_registration_falls_back_to_the_reference_with_a_warning(caplog):

@@ -26,8 +26,17 @@ def specs():
     return {name: full() for name in TARGET + DRAFT}
 
 
-def config(window=256, method="draft_model", k=3, sinks=None, extra=None,
-           disable_hybrid=False, dcp=1, max_len=4096, step_tokens=128):
+def config(
+    window=256,
+    method="draft_model",
+    k=3,
+    sinks=None,
+    extra=None,
+    disable_hybrid=False,
+    dcp=1,
+    max_len=4096,
+    step_tokens=128,
+):
     additional = {"draft_window_size": window} if window is not None else {}
     if sinks is not None:
         additional["draft_sink_size"] = sinks
@@ -35,10 +44,12 @@ def config(window=256, method="draft_model", k=3, sinks=None, extra=None,
     return SimpleNamespace(
         additional_config=additional,
         speculative_config=SimpleNamespace(method=method, num_speculative_tokens=k),
-        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable_hybrid,
-                                         max_num_batched_tokens=step_tokens),
+        scheduler_config=SimpleNamespace(
+            disable_hybrid_kv_cache_manager=disable_hybrid, max_num_batched_tokens=step_tokens
+        ),
         model_config=SimpleNamespace(max_model_len=max_len),
-        parallel_config=SimpleNamespace(decode_context_parallel_size=dcp))
+        parallel_config=SimpleNamespace(decode_context_parallel_size=dcp),
+    )
 
 
 def test_draft_layers_become_sliding_window_first():
@@ -50,8 +61,11 @@ def test_draft_layers_become_sliding_window_first():
         assert out[name].block_size == 32 and out[name].page_size_bytes == full().page_size_bytes
     for name in TARGET:
         assert type(out[name]) is FullAttentionSpec
-    assert kv_memory.LAST_DECISION == {"bounded": True, "sliding_window": 253,
-                                       "layers": sorted(DRAFT)}
+    assert kv_memory.LAST_DECISION == {
+        "bounded": True,
+        "sliding_window": 253,
+        "layers": sorted(DRAFT),
+    }
 
 
 def test_groups_put_the_draft_first():
@@ -68,8 +82,9 @@ def test_groups_put_the_draft_first():
     assert isinstance(groups[0].kv_cache_spec, SlidingWindowSpec)
 
 
-@pytest.mark.parametrize("method,k,expected", [("eagle3", 3, 61), ("eagle", 2, 62),
-                                                ("draft_model", 5, 59)])
+@pytest.mark.parametrize(
+    "method,k,expected", [("eagle3", 3, 61), ("eagle", 2, 62), ("draft_model", 5, 59)]
+)
 def test_window_length_per_method(method, k, expected):
     out = kv_memory.bound_draft_kv_specs(config(64, method, k), specs(), set(DRAFT))
     assert out[DRAFT[0]].sliding_window == expected
@@ -80,14 +95,17 @@ def test_no_window_changes_nothing():
     assert kv_memory.bound_draft_kv_specs(config(None), before, set(DRAFT)) is before
 
 
-@pytest.mark.parametrize("kwargs,layers,reason", [
-    (dict(sinks=40), set(DRAFT), "attention sinks"),
-    (dict(disable_hybrid=True), set(DRAFT), "hybrid KV-cache manager is disabled"),
-    (dict(dcp=2), set(DRAFT), "decode context parallel"),
-    (dict(method="dflash"), set(DRAFT), "method 'dflash'"),
-    (dict(), None, "attention layers are unknown"),
-    (dict(), {"no.such.layer"}, "without a plain FullAttentionSpec"),
-])
+@pytest.mark.parametrize(
+    "kwargs,layers,reason",
+    [
+        (dict(sinks=40), set(DRAFT), "attention sinks"),
+        (dict(disable_hybrid=True), set(DRAFT), "hybrid KV-cache manager is disabled"),
+        (dict(dcp=2), set(DRAFT), "decode context parallel"),
+        (dict(method="dflash"), set(DRAFT), "method 'dflash'"),
+        (dict(), None, "attention layers are unknown"),
+        (dict(), {"no.such.layer"}, "without a plain FullAttentionSpec"),
+    ],
+)
 def test_unbounded_cases_warn(kwargs, layers, reason, caplog):
     before = specs()
     with caplog.at_level(logging.WARNING, logger=kv_memory.__name__):
@@ -99,30 +117,36 @@ def test_unbounded_cases_warn(kwargs, layers, reason, caplog):
 
 def test_draft_with_own_sliding_window_warns(caplog):
     before = specs()
-    before[DRAFT[0]] = SlidingWindowSpec(block_size=32, num_kv_heads=2, head_size=32,
-                                         dtype=torch.float32, sliding_window=61)
+    before[DRAFT[0]] = SlidingWindowSpec(
+        block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=61
+    )
     with caplog.at_level(logging.WARNING, logger=kv_memory.__name__):
         assert kv_memory.bound_draft_kv_specs(config(), before, set(DRAFT)) is before
     assert "SlidingWindowSpec" in caplog.text
 
 
-@pytest.mark.parametrize("window,max_len,step,bounded", [
-    (2048, 1024, 128, False),   # the window covers max_model_len
-    (256, 4096, 4096, False),   # vLLM's in-flight reserve alone is max_model_len
-    (256, 4096, 3500, True),    # 253 - 1 + 3500 tokens: 118 + 1 blocks < 128
-    (256, 4096, 3800, False),   # 253 - 1 + 3800 tokens: 127 + 1 blocks >= 128
-])
+@pytest.mark.parametrize(
+    "window,max_len,step,bounded",
+    [
+        (2048, 1024, 128, False),  # the window covers max_model_len
+        (256, 4096, 4096, False),  # vLLM's in-flight reserve alone is max_model_len
+        (256, 4096, 3500, True),  # 253 - 1 + 3500 tokens: 118 + 1 blocks < 128
+        (256, 4096, 3800, False),  # 253 - 1 + 3800 tokens: 127 + 1 blocks >= 128
+    ],
+)
 def test_bounded_only_when_it_saves(window, max_len, step, bounded):
-    out = kv_memory.bound_draft_kv_specs(config(window, max_len=max_len, step_tokens=step),
-                                         specs(), set(DRAFT))
+    out = kv_memory.bound_draft_kv_specs(
+        config(window, max_len=max_len, step_tokens=step), specs(), set(DRAFT)
+    )
     assert kv_memory.LAST_DECISION["bounded"] is bounded
     assert (type(out[DRAFT[0]]) is SlidingWindowSpec) is bounded
 
 
 def test_opt_out():
     before = specs()
-    out = kv_memory.bound_draft_kv_specs(config(extra={"draft_window_kv_memory": False}),
-                                         before, set(DRAFT))
+    out = kv_memory.bound_draft_kv_specs(
+        config(extra={"draft_window_kv_memory": False}), before, set(DRAFT)
+    )
     assert out is before and kv_memory.LAST_DECISION["bounded"] is False
 
 
@@ -143,8 +167,9 @@ def test_install_wraps_the_runner_once():
     wrapped = GPUModelRunner.get_kv_cache_spec
     assert kv_memory.install()
     assert GPUModelRunner.get_kv_cache_spec is wrapped
-    runner = SimpleNamespace(vllm_config=config(), drafter=SimpleNamespace(
-        _draft_attn_layer_names=set(DRAFT)))
+    runner = SimpleNamespace(
+        vllm_config=config(), drafter=SimpleNamespace(_draft_attn_layer_names=set(DRAFT))
+    )
     original = wrapped.__wrapped__
     try:
         wrapped.__wrapped__ = None  # not used by the wrapper; keep the closure's original
@@ -158,8 +183,7 @@ def test_pass_warns_when_the_spec_hook_never_ran(caplog):
     from dspark_compile.config import DraftWindowConfig
     from dspark_compile.integrations.vllm import inductor_pass
 
-    config = DraftWindowConfig(draft_window_size=64, method="draft_model",
-                               num_speculative_tokens=3)
+    config = DraftWindowConfig(draft_window_size=64, method="draft_model", num_speculative_tokens=3)
     saved = dict(kv_memory.LAST_DECISION)
     kv_memory.LAST_DECISION.clear()
     validation._WARNED.discard((inductor_pass.logger.name, "kv_spec_hook_missed"))

@@ -7,8 +7,7 @@ are checked here too, with vLLM's scheduler call recorded instead of run.
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the [vllm] extra)")
 
@@ -17,9 +16,18 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadata
 
 from dspark_compile.integrations.vllm import (
-    StepWindows, WindowBuffers, kernel_block_size, window_attention_metadata)
+    StepWindows,
+    WindowBuffers,
+    kernel_block_size,
+    window_attention_metadata,
+)
 from dspark_compile.integrations.vllm.metadata import (
-    WindowSpec, native_window_value, set_native_window, window_columns, window_start)
+    WindowSpec,
+    native_window_value,
+    set_native_window,
+    window_columns,
+    window_start,
+)
 from tests.vllm_helpers import cpu_vllm_config
 
 BLOCK, HEADS = 16, 2
@@ -30,8 +38,9 @@ def _batch(seq_lens, width=12, seed=0, q_lens=None):
     seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
     num_reqs = seq_lens.shape[0]
     table = torch.randint(1, 1000, (num_reqs, width), generator=gen, dtype=torch.int32)
-    q_lens = torch.clamp(seq_lens, max=3) if q_lens is None else torch.tensor(q_lens,
-                                                                              dtype=torch.int32)
+    q_lens = (
+        torch.clamp(seq_lens, max=3) if q_lens is None else torch.tensor(q_lens, dtype=torch.int32)
+    )
     query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.cumsum(q_lens, 0)
     num_tokens = int(query_start_loc[-1])
@@ -43,20 +52,35 @@ def _batch(seq_lens, width=12, seed=0, q_lens=None):
 def flash_metadata(seq_lens, width=12, seed=0, q_lens=None, **extra):
     seq_lens, table, qsl, slots, num_tokens, max_q = _batch(seq_lens, width, seed, q_lens)
     return FlashAttentionMetadata(
-        num_actual_tokens=num_tokens, max_query_len=max_q, query_start_loc=qsl,
-        max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0, seq_lens=seq_lens,
-        block_table=table, slot_mapping=slots, **extra)
+        num_actual_tokens=num_tokens,
+        max_query_len=max_q,
+        query_start_loc=qsl,
+        max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
+        seq_lens=seq_lens,
+        block_table=table,
+        slot_mapping=slots,
+        **extra,
+    )
 
 
 def triton_metadata(seq_lens, width=12, seed=0, q_lens=None, causal=True, **extra):
     seq_lens, table, qsl, slots, num_tokens, max_q = _batch(seq_lens, width, seed, q_lens)
     return TritonAttentionMetadata(
-        num_actual_tokens=num_tokens, max_query_len=max_q, query_start_loc=qsl,
-        max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0, seq_lens=seq_lens,
-        block_table=table, slot_mapping=slots, seq_threshold_3D=4, num_par_softmax_segments=16,
+        num_actual_tokens=num_tokens,
+        max_query_len=max_q,
+        query_start_loc=qsl,
+        max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
+        seq_lens=seq_lens,
+        block_table=table,
+        slot_mapping=slots,
+        seq_threshold_3D=4,
+        num_par_softmax_segments=16,
         softmax_segm_output=torch.empty(num_tokens, HEADS, 16, 16),
         softmax_segm_max=torch.empty(num_tokens, HEADS, 16),
-        softmax_segm_expsum=torch.empty(num_tokens, HEADS, 16), causal=causal, **extra)
+        softmax_segm_expsum=torch.empty(num_tokens, HEADS, 16),
+        causal=causal,
+        **extra,
+    )
 
 
 def buffers(max_num_reqs=8, width=12):
@@ -71,16 +95,20 @@ def expected_window(metadata, window, future_offset, causal=True):
     lens, rows = [], []
     for i, seq_len in enumerate(seq_lens.tolist()):
         q_len = int(qsl[i + 1] - qsl[i]) if causal else 1
-        first = seq_len - q_len          # absolute position of the first query token
+        first = seq_len - q_len  # absolute position of the first query token
         start = max(first + 1 + future_offset - window, 0) // BLOCK * BLOCK
         lens.append(seq_len - start)
         needed = -(-(seq_len - start) // BLOCK)
         first_block = start // BLOCK
-        row = [int(table[i, first_block + j])
-               if j < needed and first_block + j < table.shape[1] else 0 for j in range(cols)]
+        row = [
+            int(table[i, first_block + j]) if j < needed and first_block + j < table.shape[1] else 0
+            for j in range(cols)
+        ]
         rows.append(row)
-    return (torch.tensor(lens, dtype=torch.int32),
-            torch.tensor(rows, dtype=torch.int32).reshape(len(rows), cols))
+    return (
+        torch.tensor(lens, dtype=torch.int32),
+        torch.tensor(rows, dtype=torch.int32).reshape(len(rows), cols),
+    )
 
 
 # Edge cases: long requests, seq_len < block, window larger than the sequence,
@@ -140,16 +168,19 @@ def test_flash_aot_schedule_dropped_for_replanning():
     schedule = torch.arange(7, dtype=torch.int32)
     metadata = flash_metadata([300, 40], scheduler_metadata=schedule, max_num_splits=4)
     out = window_attention_metadata(metadata, buffers(), WindowSpec(64, 0, BLOCK))
-    assert out.scheduler_metadata is None          # planned from the full seq_lens
+    assert out.scheduler_metadata is None  # planned from the full seq_lens
     assert metadata.scheduler_metadata is schedule  # original untouched
     assert out.max_num_splits == 4
 
 
-@pytest.mark.parametrize("field,feature", [
-    ("dcp_context_kv_lens", "decode context parallel"),
-    ("mm_prefix_query_range_tensor", "multimodal prefix ranges"),
-    ("rswa_prefix_lens", "R-SWA"),
-])
+@pytest.mark.parametrize(
+    "field,feature",
+    [
+        ("dcp_context_kv_lens", "decode context parallel"),
+        ("mm_prefix_query_range_tensor", "multimodal prefix ranges"),
+        ("rswa_prefix_lens", "R-SWA"),
+    ],
+)
 def test_unsupported_features_raise(field, feature):
     metadata = flash_metadata([300, 40], **{field: torch.ones(2, dtype=torch.int32)})
     with pytest.raises(NotImplementedError, match=f"{field} is set .*{feature}"):
@@ -159,10 +190,13 @@ def test_unsupported_features_raise(field, feature):
 def test_other_backend_metadata_raises():
     from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadata
 
-    with pytest.raises(TypeError, match="FlexAttentionMetadata cannot be windowed.*"
-                                        "FLASH_ATTN, TRITON_ATTN, CPU_ATTN"):
-        window_attention_metadata(object.__new__(FlexAttentionMetadata), buffers(),
-                                  WindowSpec(64, 0, BLOCK))
+    with pytest.raises(
+        TypeError,
+        match="FlexAttentionMetadata cannot be windowed.*FLASH_ATTN, TRITON_ATTN, CPU_ATTN",
+    ):
+        window_attention_metadata(
+            object.__new__(FlexAttentionMetadata), buffers(), WindowSpec(64, 0, BLOCK)
+        )
 
 
 def test_kernel_block_size_reads_logical_layout():
@@ -176,10 +210,10 @@ def vllm_config():
     return cpu_vllm_config()
 
 
-def _windowed(windows, context, name, metadata, cache, window, future_offset=0,
-              max_num_seqs=8):
-    return windows.windowed(context, name, None, metadata, cache, window, future_offset,
-                            max_num_seqs, torch.float32)
+def _windowed(windows, context, name, metadata, cache, window, future_offset=0, max_num_seqs=8):
+    return windows.windowed(
+        context, name, None, metadata, cache, window, future_offset, max_num_seqs, torch.float32
+    )
 
 
 def test_once_per_metadata_per_step_buffers_reused(vllm_config):
@@ -202,8 +236,7 @@ def test_once_per_metadata_per_step_buffers_reused(vllm_config):
         assert torch.equal(a1.seq_lens, lens_a) and torch.equal(a1.block_table, table_a)
         assert torch.equal(b1.seq_lens, lens_b) and torch.equal(b1.block_table, table_b)
         assert a1.dspark_window == WindowSpec(64, 0, BLOCK)
-        ptrs.append((a1.block_table.data_ptr(), a1.seq_lens.data_ptr(),
-                     b1.block_table.data_ptr()))
+        ptrs.append((a1.block_table.data_ptr(), a1.seq_lens.data_ptr(), b1.block_table.data_ptr()))
     assert ptrs[0] == ptrs[1]  # persistent buffers: same storage every step
 
 
@@ -230,21 +263,41 @@ def test_buffers_sized_once_from_max_num_seqs_and_never_reallocated(vllm_config)
     windows = StepWindows()
     cache = torch.empty(4, 2, BLOCK, 32)
     with set_forward_context({}, vllm_config):
-        small = _windowed(windows, get_forward_context(), "draft.0",
-                          triton_metadata([100, 50], width=10), cache, 32, max_num_seqs=6)
+        small = _windowed(
+            windows,
+            get_forward_context(),
+            "draft.0",
+            triton_metadata([100, 50], width=10),
+            cache,
+            32,
+            max_num_seqs=6,
+        )
     [buffers] = windows._buffers.values()
     assert buffers.block_table.shape == (6, 10) and buffers.seq_lens.shape == (6,)
     ptr = buffers.block_table.data_ptr()
     with set_forward_context({}, vllm_config):
-        full = _windowed(windows, get_forward_context(), "draft.0",
-                         triton_metadata([100 + i for i in range(6)], width=10), cache, 32)
+        full = _windowed(
+            windows,
+            get_forward_context(),
+            "draft.0",
+            triton_metadata([100 + i for i in range(6)], width=10),
+            cache,
+            32,
+        )
     assert full.block_table.data_ptr() == ptr == small.block_table.data_ptr()
     assert list(windows._buffers.values()) == [buffers]
-    with set_forward_context({}, vllm_config), \
-            pytest.raises(RuntimeError, match="cannot hold a step with 7 requests.*never "
-                                              "reallocated"):
-        _windowed(windows, get_forward_context(), "draft.0",
-                  triton_metadata([100 + i for i in range(7)], width=10), cache, 32)
+    with (
+        set_forward_context({}, vllm_config),
+        pytest.raises(RuntimeError, match="cannot hold a step with 7 requests.*never reallocated"),
+    ):
+        _windowed(
+            windows,
+            get_forward_context(),
+            "draft.0",
+            triton_metadata([100 + i for i in range(7)], width=10),
+            cache,
+            32,
+        )
     assert buffers.block_table.data_ptr() == ptr
 
 
@@ -260,16 +313,17 @@ class _Layer:
         self.impl = _Impl(sliding_window)
 
 
-@pytest.mark.parametrize("backend,disabled,expected", [
-    ("FLASH_ATTN", (-1, -1), (60, 0)), ("TRITON_ATTN", (-1, -1), (60, 0)),
-    ("CPU_ATTN", -1, 61)])
+@pytest.mark.parametrize(
+    "backend,disabled,expected",
+    [("FLASH_ATTN", (-1, -1), (60, 0)), ("TRITON_ATTN", (-1, -1), (60, 0)), ("CPU_ATTN", -1, 61)],
+)
 def test_native_window_sees_the_last_w_minus_k_tokens(backend, disabled, expected):
     """FA/Triton: left window n - 1 (keys p - (n - 1) .. p); CPU attention: n."""
     assert native_window_value(backend, 61) == expected
     layer = _Layer(disabled)
     set_native_window(layer, backend, 61)
     assert layer.impl.sliding_window == expected
-    set_native_window(layer, backend, 61)          # idempotent
+    set_native_window(layer, backend, 61)  # idempotent
     with pytest.raises(RuntimeError, match="non-causal"):
         set_native_window(layer, backend, 61, causal=False)
 
@@ -285,8 +339,12 @@ def test_native_window_left_off_for_noncausal_and_own_windows_refused():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 400), st.integers(0, 200)), min_size=1, max_size=6),
-       st.integers(1, 300), st.integers(0, 8), st.sampled_from([1, 16, 32, 64]))
+@given(
+    st.lists(st.tuples(st.integers(1, 400), st.integers(0, 200)), min_size=1, max_size=6),
+    st.integers(1, 300),
+    st.integers(0, 8),
+    st.sampled_from([1, 16, 32, 64]),
+)
 def test_window_start_keeps_every_query_tokens_window(requests, window, future_offset, block):
     """Window contract: for every causal query token p of every request, the kept
     range [start, s) contains [max(p + 1 + K - W, 0), p], start is block aligned and
@@ -321,23 +379,39 @@ def test_window_start_keeps_every_query_tokens_window(requests, window, future_o
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata  # noqa: E402
 
 from dspark_compile.integrations.vllm import (  # noqa: E402
-    SinkWindowBuffers, check_no_native_window, sink_window_metadata)
+    SinkWindowBuffers,
+    check_no_native_window,
+    sink_window_metadata,
+)
 
 
 def cpu_metadata(seq_lens, width=12, seed=0, q_lens=None, causal=True, **extra):
     seq_lens, table, qsl, slots, num_tokens, max_q = _batch(seq_lens, width, seed, q_lens)
     return CPUAttentionMetadata(
-        num_actual_tokens=num_tokens, max_query_len=max_q, query_start_loc=qsl,
-        max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0, seq_lens=seq_lens,
-        block_table=table, slot_mapping=slots, scheduler_metadata=torch.zeros(3),
-        causal=causal, **extra)
+        num_actual_tokens=num_tokens,
+        max_query_len=max_q,
+        query_start_loc=qsl,
+        max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
+        seq_lens=seq_lens,
+        block_table=table,
+        slot_mapping=slots,
+        scheduler_metadata=torch.zeros(3),
+        causal=causal,
+        **extra,
+    )
 
 
 def sink_buffers(rows=512, window=64, sinks=1):
     from dspark_compile.arithmetic.window import max_window_blocks
 
-    return SinkWindowBuffers(rows, max_window_blocks(window, BLOCK, sink_size=sinks),
-                             torch.device("cpu"), torch.int32, torch.int32, torch.int32)
+    return SinkWindowBuffers(
+        rows,
+        max_window_blocks(window, BLOCK, sink_size=sinks),
+        torch.device("cpu"),
+        torch.int32,
+        torch.int32,
+        torch.int32,
+    )
 
 
 def visible_positions(p, s, window, future_offset, sinks, causal=True):
@@ -356,7 +430,7 @@ def check_sink_rows(metadata, out, window, future_offset, sinks):
     ascending position order, and zeros past them; causal: one row per query token."""
     causal = metadata.causal is True
     qsl, seq_lens, table = metadata.query_start_loc, metadata.seq_lens, metadata.block_table
-    rows = []   # (request, position of the row's query or None)
+    rows = []  # (request, position of the row's query or None)
     for r, s in enumerate(seq_lens.tolist()):
         q0, q1 = int(qsl[r]), int(qsl[r + 1])
         if causal:
@@ -366,8 +440,10 @@ def check_sink_rows(metadata, out, window, future_offset, sinks):
     assert out.seq_lens.shape == (len(rows),)
     assert out.block_table.shape[0] == len(rows)
     for i, (r, p, s) in enumerate(rows):
-        want = [int(table[r, j // BLOCK]) * BLOCK + j % BLOCK
-                for j in visible_positions(p, s, window, future_offset, sinks, causal)]
+        want = [
+            int(table[r, j // BLOCK]) * BLOCK + j % BLOCK
+            for j in visible_positions(p, s, window, future_offset, sinks, causal)
+        ]
         n = int(out.seq_lens[i])
         got = [int(out.block_table[i, t // BLOCK]) * BLOCK + t % BLOCK for t in range(n)]
         assert got == want, (i, r, p, s)
@@ -390,23 +466,36 @@ SINK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("make", [flash_metadata, triton_metadata, cpu_metadata],
-                         ids=["flash", "triton", "cpu"])
+@pytest.mark.parametrize(
+    "make", [flash_metadata, triton_metadata, cpu_metadata], ids=["flash", "triton", "cpu"]
+)
 @pytest.mark.parametrize("seq_lens,q_lens,window,future_offset,sinks", SINK_CASES)
-def test_sinks_expand_causal_calls_per_token(make, seq_lens, q_lens, window, future_offset,
-                                             sinks, monkeypatch):
+def test_sinks_expand_causal_calls_per_token(
+    make, seq_lens, q_lens, window, future_offset, sinks, monkeypatch
+):
     planned = []
     if make is cpu_metadata:
         import vllm._custom_ops as ops
 
-        monkeypatch.setattr(ops, "cpu_attn_get_scheduler_metadata",
-                            lambda **kw: planned.append(kw) or torch.ones(5))
-    width = max([12] + [-(-s // BLOCK) for s in seq_lens])   # holds every request
+        monkeypatch.setattr(
+            ops, "cpu_attn_get_scheduler_metadata", lambda **kw: planned.append(kw) or torch.ones(5)
+        )
+    width = max([12] + [-(-s // BLOCK) for s in seq_lens])  # holds every request
     metadata = make(seq_lens, width=width, seed=len(seq_lens) + window, q_lens=q_lens)
-    fields = ("seq_lens", "block_table", "query_start_loc", "max_seq_len", "max_query_len",
-              "num_actual_tokens", "scheduler_metadata")
-    before = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
-              for k, v in vars(metadata).items() if k in fields}
+    fields = (
+        "seq_lens",
+        "block_table",
+        "query_start_loc",
+        "max_seq_len",
+        "max_query_len",
+        "num_actual_tokens",
+        "scheduler_metadata",
+    )
+    before = {
+        k: (v.clone() if isinstance(v, torch.Tensor) else v)
+        for k, v in vars(metadata).items()
+        if k in fields
+    }
     spec = WindowSpec(window, future_offset, BLOCK, sinks)
     bufs = sink_buffers(window=window, sinks=sinks)
     out = sink_window_metadata(metadata, bufs, spec, _CpuLayer(), torch.float32)
@@ -418,10 +507,14 @@ def test_sinks_expand_causal_calls_per_token(make, seq_lens, q_lens, window, fut
     assert torch.equal(out.query_start_loc, torch.arange(num_tokens + 1, dtype=torch.int32))
     assert out.query_start_loc.dtype == out.seq_lens.dtype == out.block_table.dtype == torch.int32
     from dspark_compile.arithmetic.window import max_window_blocks, windowed_len_bound
-    assert out.block_table.shape == (num_tokens, min(width, max_window_blocks(
-        window, BLOCK, sink_size=sinks)))
-    assert out.max_seq_len == min(metadata.max_seq_len,
-                                  windowed_len_bound(window, BLOCK, future_offset, 1, sinks))
+
+    assert out.block_table.shape == (
+        num_tokens,
+        min(width, max_window_blocks(window, BLOCK, sink_size=sinks)),
+    )
+    assert out.max_seq_len == min(
+        metadata.max_seq_len, windowed_len_bound(window, BLOCK, future_offset, 1, sinks)
+    )
     # views of the persistent buffers (an empty view reports data_ptr 0)
     if num_tokens:
         assert out.seq_lens.data_ptr() == bufs.seq_lens.data_ptr()
@@ -431,15 +524,15 @@ def test_sinks_expand_causal_calls_per_token(make, seq_lens, q_lens, window, fut
     if make is triton_metadata:  # split-K scratch is indexed by query token: shared
         assert out.softmax_segm_output is metadata.softmax_segm_output
         assert out.seq_threshold_3D == metadata.seq_threshold_3D
-    if make is cpu_metadata:     # re-planned for the token rows, no sliding window
+    if make is cpu_metadata:  # re-planned for the token rows, no sliding window
         [plan] = planned
         assert plan["num_reqs"] == num_tokens and plan["sliding_window_size"] == -1
         assert plan["query_start_loc"] is out.query_start_loc
         assert plan["seq_lens"] is out.seq_lens and plan["causal"] is True
         assert torch.equal(out.scheduler_metadata, torch.ones(5))
-    for key, value in before.items():   # vLLM's object untouched
+    for key, value in before.items():  # vLLM's object untouched
         now = getattr(metadata, key)
-        assert (torch.equal(now, value) if isinstance(value, torch.Tensor) else now == value)
+        assert torch.equal(now, value) if isinstance(value, torch.Tensor) else now == value
 
 
 @pytest.mark.parametrize("make", [flash_metadata, triton_metadata], ids=["flash", "triton"])
@@ -462,7 +555,7 @@ def test_sinks_flash_schedule_dropped_cascade_refused():
     out = sink_window_metadata(metadata, sink_buffers(), WindowSpec(64, 0, BLOCK, 16))
     assert out.scheduler_metadata is None and metadata.scheduler_metadata is schedule
     assert out.max_num_splits == 4
-    metadata.use_cascade = True    # older vLLM FA metadata: cascade attention per request
+    metadata.use_cascade = True  # older vLLM FA metadata: cascade attention per request
     with pytest.raises(NotImplementedError, match="use_cascade is set"):
         sink_window_metadata(metadata, sink_buffers(), WindowSpec(64, 0, BLOCK, 16))
     metadata = flash_metadata([300, 40], dcp_context_kv_lens=torch.ones(2, dtype=torch.int32))
@@ -478,25 +571,59 @@ def test_sinks_buffers_sized_once_for_the_token_budget_and_reused(vllm_config):
         group = triton_metadata(lens, width=20, seed=step)
         with set_forward_context({}, vllm_config):
             context = get_forward_context()
-            a = windows.windowed(context, "draft.0", None, group, cache, 64, 0, 4,
-                                 torch.float32, sink_size=16, max_num_tokens=20)
-            b = windows.windowed(context, "draft.1", None, group, cache, 64, 0, 4,
-                                 torch.float32, sink_size=16, max_num_tokens=20)
+            a = windows.windowed(
+                context,
+                "draft.0",
+                None,
+                group,
+                cache,
+                64,
+                0,
+                4,
+                torch.float32,
+                sink_size=16,
+                max_num_tokens=20,
+            )
+            b = windows.windowed(
+                context,
+                "draft.1",
+                None,
+                group,
+                cache,
+                64,
+                0,
+                4,
+                torch.float32,
+                sink_size=16,
+                max_num_tokens=20,
+            )
         assert a is b and a.dspark_window == WindowSpec(64, 0, BLOCK, 16)
         check_sink_rows(group, a, 64, 0, 16)
-        ptrs.append((a.seq_lens.data_ptr(), a.block_table.data_ptr(),
-                     a.query_start_loc.data_ptr()))
+        ptrs.append((a.seq_lens.data_ptr(), a.block_table.data_ptr(), a.query_start_loc.data_ptr()))
     assert ptrs[0] == ptrs[1]
     [bufs] = windows._buffers.values()
     assert isinstance(bufs, SinkWindowBuffers)
     # max_num_tokens x (W / b + 1 window blocks + 1 sink block)
     assert bufs.block_table.shape == (20, 64 // BLOCK + 1 + 1)
     assert windows.stats.metadata_expanded == 2
-    too_many = triton_metadata([300, 40, 77, 90, 100, 120, 130], q_lens=[3] * 7)   # 21 tokens
-    with set_forward_context({}, vllm_config), \
-            pytest.raises(RuntimeError, match="needing 21 rows.*max_num_batched_tokens"):
-        windows.windowed(get_forward_context(), "draft.0", None, too_many, cache, 64, 0, 4,
-                         torch.float32, sink_size=16, max_num_tokens=20)
+    too_many = triton_metadata([300, 40, 77, 90, 100, 120, 130], q_lens=[3] * 7)  # 21 tokens
+    with (
+        set_forward_context({}, vllm_config),
+        pytest.raises(RuntimeError, match="needing 21 rows.*max_num_batched_tokens"),
+    ):
+        windows.windowed(
+            get_forward_context(),
+            "draft.0",
+            None,
+            too_many,
+            cache,
+            64,
+            0,
+            4,
+            torch.float32,
+            sink_size=16,
+            max_num_tokens=20,
+        )
     assert bufs.block_table.data_ptr() == ptrs[0][1]
 
 
@@ -508,16 +635,31 @@ def test_no_sinks_is_the_window_without_sinks_exactly(vllm_config):
     for kwargs in ({}, {"sink_size": 0, "max_num_tokens": 999}):
         windows = StepWindows()
         with set_forward_context({}, vllm_config):
-            outs.append(windows.windowed(get_forward_context(), "draft.0", None, metadata, cache,
-                                         64, 0, 8, torch.float32, **kwargs))
+            outs.append(
+                windows.windowed(
+                    get_forward_context(),
+                    "draft.0",
+                    None,
+                    metadata,
+                    cache,
+                    64,
+                    0,
+                    8,
+                    torch.float32,
+                    **kwargs,
+                )
+            )
         [bufs] = windows._buffers.values()
         assert type(bufs) is WindowBuffers
     assert vars(outs[0]).keys() == vars(outs[1]).keys()
     assert not hasattr(outs[1], "dspark_expanded")
     for key, value in vars(outs[0]).items():
         other = getattr(outs[1], key)
-        assert (other is value or torch.equal(other, value) if isinstance(value, torch.Tensor)
-                else other == value), key
+        assert (
+            other is value or torch.equal(other, value)
+            if isinstance(value, torch.Tensor)
+            else other == value
+        ), key
 
 
 def test_sinks_need_a_layer_without_native_window():

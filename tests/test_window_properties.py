@@ -95,8 +95,8 @@ def test_empty_and_short_requests():
     lens = torch.tensor([0, 1, 5, 63], dtype=torch.int32)
     table = torch.arange(1, 4 * 4 + 1, dtype=torch.int32).view(4, 4)
     wlen, wtable = window.window_seq_lens_and_block_table(lens, table, 64, 16)
-    assert wlen.tolist() == [0, 1, 5, 63]                    # W > seq_len: nothing cut
-    assert wtable[0].tolist() == [0] * 5                       # empty request: all zero
+    assert wlen.tolist() == [0, 1, 5, 63]  # W > seq_len: nothing cut
+    assert wtable[0].tolist() == [0] * 5  # empty request: all zero
     assert wtable[1].tolist() == [5, 0, 0, 0, 0]
     assert wtable[3].tolist() == [13, 14, 15, 16, 0]
 

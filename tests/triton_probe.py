@@ -37,7 +37,7 @@ def interpreter_defect() -> Optional[str]:
         tl.store(out_ptr, total)
 
     saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"   # read when a kernel is decorated
+    os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated
     try:
         kernel = triton.jit(_loop_from_program_id)
     finally:
@@ -51,9 +51,11 @@ def interpreter_defect() -> Optional[str]:
         kernel[(1,)](out, 3)
     except Exception as error:  # noqa: BLE001 - any failure is the finding
         if DEFECT_TEXT in repr(error):
-            return (f"triton {triton.__version__}'s interpreter cannot take a tensor as a loop "
-                    f"bound with NumPy {numpy.__version__} ({DEFECT_TEXT}); fixed in triton "
-                    "3.8's interpreter, or use NumPy < 2.4")
+            return (
+                f"triton {triton.__version__}'s interpreter cannot take a tensor as a loop "
+                f"bound with NumPy {numpy.__version__} ({DEFECT_TEXT}); fixed in triton "
+                "3.8's interpreter, or use NumPy < 2.4"
+            )
         raise
     assert int(out) == 3, "interpreter probe computed a wrong sum"
     return None
@@ -81,8 +83,11 @@ def raised_by_defect(error: BaseException) -> bool:
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if (isinstance(error, TypeError) and DEFECT_TEXT in str(error)
-                and _raised_inside(error, triton_dir)):
+        if (
+            isinstance(error, TypeError)
+            and DEFECT_TEXT in str(error)
+            and _raised_inside(error, triton_dir)
+        ):
             return True
         error = error.__cause__ or error.__context__
     return False

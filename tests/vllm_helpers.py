@@ -6,9 +6,16 @@ from typing import Any
 # (vllm/compilation/passes/pass_manager.py): PostGradPassManager.configure
 # raises NameError on CPU unless they are off.
 CUDA_ONLY_PASS_FLAGS = (
-    "fuse_norm_quant", "fuse_act_quant", "fuse_attn_quant", "fuse_allreduce_rms",
-    "enable_qk_norm_rope_fusion", "fuse_rope_kvcache_cat_mla", "fuse_act_padding",
-    "fuse_mla_dual_rms_norm", "fuse_rope_kvcache", "fuse_qk_norm_rope_kvcache",
+    "fuse_norm_quant",
+    "fuse_act_quant",
+    "fuse_attn_quant",
+    "fuse_allreduce_rms",
+    "enable_qk_norm_rope_fusion",
+    "fuse_rope_kvcache_cat_mla",
+    "fuse_act_padding",
+    "fuse_mla_dual_rms_norm",
+    "fuse_rope_kvcache",
+    "fuse_qk_norm_rope_kvcache",
 )
 
 
@@ -17,10 +24,14 @@ def cpu_vllm_config(compilation: dict[str, Any] | None = None, **kwargs: Any):
     from vllm.config import CompilationConfig, DeviceConfig, PassConfig, VllmConfig
 
     compilation = dict(compilation or {})
-    compilation.setdefault("pass_config",
-                           PassConfig(**{flag: False for flag in CUDA_ONLY_PASS_FLAGS}))
-    return VllmConfig(device_config=DeviceConfig(device="cpu"),
-                      compilation_config=CompilationConfig(**compilation), **kwargs)
+    compilation.setdefault(
+        "pass_config", PassConfig(**{flag: False for flag in CUDA_ONLY_PASS_FLAGS})
+    )
+    return VllmConfig(
+        device_config=DeviceConfig(device="cpu"),
+        compilation_config=CompilationConfig(**compilation),
+        **kwargs,
+    )
 
 
 def cpu_pass_manager(config):
@@ -38,5 +49,6 @@ def cpu_pass_manager(config):
     manager = PostGradPassManager()
     manager.configure(config)
     manager.fix_functionalization = CallableInductorPass(
-        lambda graph: None, uuid="fix_functionalization skipped on CPU")
+        lambda graph: None, uuid="fix_functionalization skipped on CPU"
+    )
     return manager

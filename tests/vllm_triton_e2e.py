@@ -33,16 +33,19 @@ os.environ["TRITON_INTERPRET"] = "1"
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import torch  # noqa: E402
-
 from vllm.compilation.passes.inductor_pass import (  # noqa: E402
-    CallableInductorPass, pass_context)
+    CallableInductorPass,
+    pass_context,
+)
 from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.config.utils import Range  # noqa: E402
 from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402
 from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
 from vllm.triton_utils import HAS_TRITON  # noqa: E402
 from vllm.v1.attention.backends.triton_attn import (  # noqa: E402
-    TritonAttentionBackend, TritonAttentionMetadata)
+    TritonAttentionBackend,
+    TritonAttentionMetadata,
+)
 
 from dspark_compile.integrations.vllm import DraftWindowInductorPass  # noqa: E402
 from dspark_compile.kernels.paged_attention import reshape_and_cache_ref  # noqa: E402
@@ -59,8 +62,16 @@ class Model(torch.nn.Module):
     def __init__(self, names):
         super().__init__()
         self.attn = torch.nn.ModuleList(
-            Attention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, num_kv_heads=KV_HEADS, prefix=name,
-                      attn_backend=TritonAttentionBackend) for name in names)
+            Attention(
+                HEADS,
+                HEAD_DIM,
+                HEAD_DIM**-0.5,
+                num_kv_heads=KV_HEADS,
+                prefix=name,
+                attn_backend=TritonAttentionBackend,
+            )
+            for name in names
+        )
         for layer in self.attn:
             layer.use_direct_call = False  # as on CUDA: call the torch.ops.vllm ops
 
@@ -79,12 +90,18 @@ def metadata(seq_lens, query_start_loc, block_table, slot_mapping, causal, thres
     return TritonAttentionMetadata(
         num_actual_tokens=num_tokens,
         max_query_len=int((query_start_loc[1:] - query_start_loc[:-1]).max()),
-        query_start_loc=query_start_loc, max_seq_len=int(seq_lens.max()), seq_lens=seq_lens,
-        block_table=block_table, slot_mapping=slot_mapping, seq_threshold_3D=threshold_3d,
+        query_start_loc=query_start_loc,
+        max_seq_len=int(seq_lens.max()),
+        seq_lens=seq_lens,
+        block_table=block_table,
+        slot_mapping=slot_mapping,
+        seq_threshold_3D=threshold_3d,
         num_par_softmax_segments=segments,
         softmax_segm_output=torch.empty(num_tokens, HEADS, segments, HEAD_DIM),
         softmax_segm_max=torch.empty(num_tokens, HEADS, segments),
-        softmax_segm_expsum=torch.empty(num_tokens, HEADS, segments), causal=causal)
+        softmax_segm_expsum=torch.empty(num_tokens, HEADS, segments),
+        causal=causal,
+    )
 
 
 # One compiled graph of NUM_TOKENS rows serves every step (rows past a step's
@@ -115,8 +132,9 @@ def make_batch(seq_lens, q_lens):
     return seq_lens, table, query_start_loc, slots
 
 
-def dense_reference(query, key_cache, value_cache, table, seq_lens, query_start_loc, scale,
-                    allowed):
+def dense_reference(
+    query, key_cache, value_cache, table, seq_lens, query_start_loc, scale, allowed
+):
     """Dense attention, every query row masked by ``allowed(p, s) -> (lo, hi)``: keys
     ``lo <= j < hi`` of its request, or by ``allowed(p, s) -> [s] bool`` mask over
     the request's positions (GQA by repeating KV heads)."""
@@ -168,35 +186,42 @@ def run_step(compiled, model, names, config, step, sinks=0):
         # carries no slot_mapping (vLLM then skips the update) and the write
         # is done here with the reference.
         key_cache, value_cache = split_cache(layer.kv_cache)
-        reshape_and_cache_ref(k[i, :num_actual].view(num_actual, KV_HEADS, HEAD_DIM),
-                              v[i, :num_actual].view(num_actual, KV_HEADS, HEAD_DIM),
-                              key_cache, value_cache, slots)
+        reshape_and_cache_ref(
+            k[i, :num_actual].view(num_actual, KV_HEADS, HEAD_DIM),
+            v[i, :num_actual].view(num_actual, KV_HEADS, HEAD_DIM),
+            key_cache,
+            value_cache,
+            slots,
+        )
     causal, threshold = step["causal"], step["threshold_3d"]
-    for layer in model.attn:   # a fresh draft each step: causal (EAGLE) or not (DFlash)
+    for layer in model.attn:  # a fresh draft each step: causal (EAGLE) or not (DFlash)
         layer.impl.sliding_window = (-1, -1)
     draft_md = metadata(seq_lens, query_start_loc, table, slots, causal, threshold)
-    target_md = metadata(seq_lens.clone(), query_start_loc, table.clone(), slots, causal,
-                         threshold)
+    target_md = metadata(seq_lens.clone(), query_start_loc, table.clone(), slots, causal, threshold)
     attn_metadata = {DRAFT[0]: draft_md, DRAFT[1]: draft_md, TARGET: target_md}
     original = (seq_lens.clone(), table.clone())
-    with set_current_vllm_config(config), pass_context(Range(start=1, end=NUM_TOKENS)), \
-            set_forward_context(attn_metadata, config, slot_mapping={}):
+    with (
+        set_current_vllm_config(config),
+        pass_context(Range(start=1, end=NUM_TOKENS)),
+        set_forward_context(attn_metadata, config, slot_mapping={}),
+    ):
         outs = compiled(q, k, v)
         step_cache = get_forward_context().additional_kwargs.get(
-            "dspark_windowed_attn_metadata", {})
+            "dspark_windowed_attn_metadata", {}
+        )
 
     def full(p, s):
         return (0, p + 1) if causal else (0, s)
 
     def windowed(p, s):
         if causal:
-            return (max(p + 1 - WINDOW, 0), p + 1)   # K = 0 (dflash)
+            return (max(p + 1 - WINDOW, 0), p + 1)  # K = 0 (dflash)
         return (max(s - WINDOW, 0) // BLOCK * BLOCK, s)
 
     def with_sinks(p, s):
         return sink_mask(p, s, causal, sinks)
 
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     errors, window_effect, sink_effect = {}, {}, {}
     for i, (name, layer) in enumerate(zip(names, model.attn)):
         key_cache, value_cache = split_cache(layer.kv_cache)
@@ -214,14 +239,24 @@ def run_step(compiled, model, names, config, step, sinks=0):
         window_effect[name] = float((windowed_out - full_out).abs().max())
     windowed_md = next(iter(step_cache.values()))[1] if step_cache else None
     return {
-        "errors": errors, "window_effect": window_effect, "sink_effect": sink_effect,
+        "errors": errors,
+        "window_effect": window_effect,
+        "sink_effect": sink_effect,
         "expanded": bool(getattr(windowed_md, "dspark_expanded", False)),
-        "rows": (None if windowed_md is None else
-                 [windowed_md.query_start_loc.tolist(), windowed_md.max_query_len,
-                  list(windowed_md.block_table.shape)]),
+        "rows": (
+            None
+            if windowed_md is None
+            else [
+                windowed_md.query_start_loc.tolist(),
+                windowed_md.max_query_len,
+                list(windowed_md.block_table.shape),
+            ]
+        ),
         "windowed_metadata_objects": len(step_cache),
-        "metadata_unchanged": bool(torch.equal(draft_md.seq_lens, original[0])
-                                   and torch.equal(draft_md.block_table, original[1])),
+        "metadata_unchanged": bool(
+            torch.equal(draft_md.seq_lens, original[0])
+            and torch.equal(draft_md.block_table, original[1])
+        ),
         "windowed_seq_lens": windowed_md.seq_lens.tolist() if windowed_md is not None else None,
         "draft_sliding_window": [list(layer.impl.sliding_window) for layer in model.attn],
     }
@@ -231,8 +266,9 @@ def main() -> None:
     assert HAS_TRITON, "vLLM did not keep the real triton module"
     torch.manual_seed(0)
     report = compile_and_run({"draft_window_size": WINDOW}, STEPS)
-    report["sinks"] = compile_and_run({"draft_window_size": WINDOW, "draft_sink_size": SINKS},
-                                      SINK_STEPS, sinks=SINKS)
+    report["sinks"] = compile_and_run(
+        {"draft_window_size": WINDOW, "draft_sink_size": SINKS}, SINK_STEPS, sinks=SINKS
+    )
     print(json.dumps(report))
 
 
@@ -246,8 +282,7 @@ def main() -> None:
 SINKS = 20
 SINK_STEPS = {
     "causal": dict(seq_lens=[71, 50, 9], q_lens=[3, 0, 2], causal=True, threshold_3d=0),
-    "decode": dict(seq_lens=[71, 9, 40, 16, 33, 52], q_lens=[1] * 6, causal=True,
-                   threshold_3d=64),
+    "decode": dict(seq_lens=[71, 9, 40, 16, 33, 52], q_lens=[1] * 6, causal=True, threshold_3d=64),
     "noncausal": dict(seq_lens=[75, 30], q_lens=[4, 1], causal=False, threshold_3d=0),
     "long_causal": dict(seq_lens=[90, 40], q_lens=[22, 2], causal=True, threshold_3d=64),
 }
@@ -255,9 +290,14 @@ SINK_STEPS = {
 
 def compile_and_run(additional_config, steps, sinks=0):
     config = cpu_vllm_config(
-        {"splitting_ops": [], "inductor_compile_config": {
-            "post_grad_custom_post_pass": DraftWindowInductorPass(method="dflash")}},
-        additional_config=additional_config)
+        {
+            "splitting_ops": [],
+            "inductor_compile_config": {
+                "post_grad_custom_post_pass": DraftWindowInductorPass(method="dflash")
+            },
+        },
+        additional_config=additional_config,
+    )
     names = DRAFT + (TARGET,)
     with set_current_vllm_config(config):
         model = Model(names)
@@ -279,8 +319,9 @@ def compile_and_run(additional_config, steps, sinks=0):
         return compile_fx(gm, example_inputs, config_patches=patches)
 
     compiled = torch.compile(model, backend=backend, fullgraph=True)
-    report = {name: run_step(compiled, model, names, config, step, sinks)
-              for name, step in steps.items()}
+    report = {
+        name: run_step(compiled, model, names, config, step, sinks) for name, step in steps.items()
+    }
     report["graph_attention_ops"] = [[str(t) for t in ops] for ops in seen]
     report["sink_kwargs"] = [kw for kws in seen_kwargs for kw in kws]
     return report
@@ -299,8 +340,9 @@ class _Recorder:
         for node in graph.nodes:
             if node.op == "call_function" and node.target is auto_functionalized:
                 ops.append(node.args[0])
-                kwargs.append({k: node.kwargs[k] for k in ("sink_size", "max_num_tokens")
-                               if k in node.kwargs})
+                kwargs.append(
+                    {k: node.kwargs[k] for k in ("sink_size", "max_num_tokens") if k in node.kwargs}
+                )
         self.seen.append(ops)
         self.seen_kwargs.append(kwargs)
 

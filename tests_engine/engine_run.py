@@ -28,52 +28,68 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def prompts(lens: list[int]) -> list[dict]:
     """Deterministic token-id prompts (no tokenizer)."""
-    return [{"prompt_token_ids": [(7 * i * i + 3 * i + 11 * n) % 500 + 3 for i in range(n)]}
-            for n in lens]
+    return [
+        {"prompt_token_ids": [(7 * i * i + 3 * i + 11 * n) % 500 + 3 for i in range(n)]}
+        for n in lens
+    ]
 
 
 def main(spec_path: str, report_path: str) -> None:
-    from vllm import LLM, SamplingParams
-
     import engine_probe
+    from vllm import LLM, SamplingParams
 
     spec = json.loads(open(spec_path).read())
     started = time.time()
     # The README's configuration: the pass by qualname, attention kept in the
     # graph, the window in additional_config.
     kwargs = dict(
-        model=spec["target"], skip_tokenizer_init=True, dtype=spec.get("dtype", "float32"),
+        model=spec["target"],
+        skip_tokenizer_init=True,
+        dtype=spec.get("dtype", "float32"),
         max_model_len=spec.get("max_model_len", 1024),
-        max_num_seqs=4, block_size=32, seed=0, disable_log_stats=False,
+        max_num_seqs=4,
+        block_size=32,
+        seed=0,
+        disable_log_stats=False,
         tensor_parallel_size=spec.get("tp", 1),
-        speculative_config={"method": spec["method"], "model": spec["draft"],
-                            "num_speculative_tokens": spec["num_speculative_tokens"]},
+        speculative_config={
+            "method": spec["method"],
+            "model": spec["draft"],
+            "num_speculative_tokens": spec["num_speculative_tokens"],
+        },
         compilation_config={
-            "inductor_passes": {"post_grad_custom_post_pass":
-                                "dspark_compile_vllm.draft_window_pass"},
-            "splitting_ops": []},
+            "inductor_passes": {
+                "post_grad_custom_post_pass": "dspark_compile_vllm.draft_window_pass"
+            },
+            "splitting_ops": [],
+        },
     )
     if spec.get("device") == "cuda":
-        kwargs.update(gpu_memory_utilization=0.12, kv_cache_memory_bytes=1 << 30,
-                      attention_config={"backend": spec["backend"]})
+        kwargs.update(
+            gpu_memory_utilization=0.12,
+            kv_cache_memory_bytes=1 << 30,
+            attention_config={"backend": spec["backend"]},
+        )
         kwargs["speculative_config"]["attention_backend"] = spec["backend"]
-        if spec.get("graphs") == "piecewise":   # the README's alternative to splitting_ops: []
+        if spec.get("graphs") == "piecewise":  # the README's alternative to splitting_ops: []
             kwargs["compilation_config"] = {
                 "inductor_passes": kwargs["compilation_config"]["inductor_passes"],
-                "use_inductor_graph_partition": True}
+                "use_inductor_graph_partition": True,
+            }
     if spec.get("window") is not None:
         kwargs["additional_config"] = {"draft_window_size": spec["window"]}
         if spec.get("sinks"):
             kwargs["additional_config"]["draft_sink_size"] = spec["sinks"]
     if spec.get("tp", 1) > 1:
         kwargs["distributed_executor_backend"] = "mp"
-    engine_probe.install_class_probes()   # this process's workers (TP 1): capture included
+    engine_probe.install_class_probes()  # this process's workers (TP 1): capture included
     llm = LLM(**kwargs)
     init_s = time.time() - started
     llm.collective_rpc(engine_probe.install)
-    outputs = llm.generate(prompts(spec["prompt_lens"]),
-                           SamplingParams(temperature=0, max_tokens=spec["max_tokens"],
-                                          detokenize=False))
+    outputs = llm.generate(
+        prompts(spec["prompt_lens"]),
+        SamplingParams(temperature=0, max_tokens=spec["max_tokens"], detokenize=False),
+    )
     metrics = {}
     for metric in llm.get_metrics():
         if metric.name.startswith("vllm:spec_decode"):
@@ -81,7 +97,9 @@ def main(spec_path: str, report_path: str) -> None:
             if hasattr(metric, "values"):
                 metrics[metric.name] = list(metric.values)
     report = {
-        "spec": spec, "init_s": init_s, "total_s": time.time() - started,
+        "spec": spec,
+        "init_s": init_s,
+        "total_s": time.time() - started,
         "vllm_version": __import__("vllm").__version__,
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         "kv_cache_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,

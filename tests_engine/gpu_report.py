@@ -26,21 +26,34 @@ def _versions() -> dict[str, str]:
     import triton
     import vllm
 
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    return {"device": torch.cuda.get_device_name(0), "driver": driver,
-            "torch": torch.__version__, "triton": triton.__version__, "vllm": vllm.__version__,
-            "python": sys.version.split()[0]}
+    driver = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "driver": driver,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "vllm": vllm.__version__,
+        "python": sys.version.split()[0],
+    }
 
 
 def _row(name: str, report: dict, reports: dict) -> str:
     spec = report["spec"]
     window = spec["window"] if spec["window"] is not None else "off"
-    config = (f"{spec['method']} ({spec['draft_key']}) | {spec['backend']} | {spec['graphs']} | "
-              f"{spec['runner']} | {window} | {spec['sinks'] or '-'}")
+    config = (
+        f"{spec['method']} ({spec['draft_key']}) | {spec['backend']} | {spec['graphs']} | "
+        f"{spec['runner']} | {window} | {spec['sinks'] or '-'}"
+    )
     if "error" in report:
-        lines = [line for line in report["error"].splitlines()
-                 if "Error" in line or (spec.get("error") and spec["error"] in line)]
+        lines = [
+            line
+            for line in report["error"].splitlines()
+            if "Error" in line or (spec.get("error") and spec["error"] in line)
+        ]
         outcome = "refused as expected" if spec.get("error") else "**failed**"
         return f"| {name} | {config} | - | {outcome}: `{(lines or ['?'])[-1].strip()[:160]}` |"
     metrics = report["metrics"]
@@ -48,17 +61,27 @@ def _row(name: str, report: dict, reports: dict) -> str:
     accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
     length = 1 + accepted / drafts if drafts else float("nan")
     baseline = reports.get(spec["baseline"]) if spec["baseline"] else None
-    same = ("-" if baseline is None else
-            "yes" if baseline.get("tokens") == report["tokens"] else "**no**")
-    return (f"| {name} | {config} | {report.get('cudagraph_mode', '?')} | "
-            f"{accepted} / {drafts} drafts, acceptance length {length:.2f}; identical to "
-            f"baseline: {same}; init {report['init_s']:.0f} s |")
+    same = (
+        "-"
+        if baseline is None
+        else "yes"
+        if baseline.get("tokens") == report["tokens"]
+        else "**no**"
+    )
+    return (
+        f"| {name} | {config} | {report.get('cudagraph_mode', '?')} | "
+        f"{accepted} / {drafts} drafts, acceptance length {length:.2f}; identical to "
+        f"baseline: {same}; init {report['init_s']:.0f} s |"
+    )
 
 
 def main(results_dir: str, status: str, seconds: str) -> None:
     out = Path(results_dir)
-    reports = json.loads((out / "engine-reports.json").read_text()) \
-        if (out / "engine-reports.json").exists() else {}
+    reports = (
+        json.loads((out / "engine-reports.json").read_text())
+        if (out / "engine-reports.json").exists()
+        else {}
+    )
     log = (out / "pytest.log").read_text() if (out / "pytest.log").exists() else ""
     summary = [line for line in log.splitlines() if re.match(r"=+ .*(passed|failed|error)", line)]
     versions = _versions()

@@ -1,7 +1,8 @@
 """Run one vLLM engine for the draft KV-memory tier and write a JSON report.
 
 ``python kv_engine_run.py SPEC.json REPORT.json``. SPEC: ``target``, ``draft``
-(null: no speculation), ``method`` (default ``draft_model``), ``tp`` (default 1), ``window`` (null: none), ``bound`` (false: the window
+(null: no speculation), ``method`` (default ``draft_model``), ``tp`` (default 1),
+``window`` (null: none), ``bound`` (false: the window
 with ``draft_window_kv_memory=False``), ``prefix_caching``,
 ``max_num_batched_tokens``, ``max_model_len``, ``num_gpu_blocks_override``
 (null: from VLLM_CPU_KVCACHE_SPACE), ``prompt_lens``, ``max_tokens``,
@@ -35,11 +36,11 @@ NUM_SPEC = 3
 def build_target(path, max_positions: int = 4096) -> str:
     """``tiny_models.build_llama(path, 2 layers, seed 0)`` with ``max_position_embeddings``
     raised to ``max_positions`` (the tier runs at max_model_len 4096)."""
-    import torch
     from pathlib import Path
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     import tiny_models
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -62,20 +63,31 @@ def main(spec_path: str, report_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     started = time.time()
     kwargs = dict(
-        model=spec["target"], skip_tokenizer_init=True, dtype="float32",
-        max_model_len=spec["max_model_len"], max_num_seqs=4, block_size=32, seed=0,
-        disable_log_stats=False, enable_prefix_caching=spec["prefix_caching"],
+        model=spec["target"],
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=spec["max_model_len"],
+        max_num_seqs=4,
+        block_size=32,
+        seed=0,
+        disable_log_stats=False,
+        enable_prefix_caching=spec["prefix_caching"],
         max_num_batched_tokens=spec["max_num_batched_tokens"],
-        compilation_config={"inductor_passes": {"post_grad_custom_post_pass":
-                                                "dspark_compile_vllm.draft_window_pass"},
-                            "splitting_ops": []},
+        compilation_config={
+            "inductor_passes": {
+                "post_grad_custom_post_pass": "dspark_compile_vllm.draft_window_pass"
+            },
+            "splitting_ops": [],
+        },
     )
     if spec.get("num_gpu_blocks_override"):
         kwargs["num_gpu_blocks_override"] = spec["num_gpu_blocks_override"]
     if spec.get("draft"):
-        kwargs["speculative_config"] = {"method": spec.get("method", "draft_model"),
-                                        "model": spec["draft"],
-                                        "num_speculative_tokens": NUM_SPEC}
+        kwargs["speculative_config"] = {
+            "method": spec.get("method", "draft_model"),
+            "model": spec["draft"],
+            "num_speculative_tokens": NUM_SPEC,
+        }
     if spec.get("tp", 1) > 1:
         kwargs["tensor_parallel_size"] = spec["tp"]
         kwargs["distributed_executor_backend"] = "mp"
@@ -92,14 +104,16 @@ def main(spec_path: str, report_path: str) -> None:
         rounds.append([list(o.outputs[0].token_ids) for o in outputs])
     extra = None
     if spec.get("extra"):  # more prompts, generated after the rounds
-        outputs = llm.generate(prompts(spec["extra"]["prompt_lens"]),
-                               SamplingParams(temperature=0, detokenize=False,
-                                              max_tokens=spec["extra"]["max_tokens"]))
+        outputs = llm.generate(
+            prompts(spec["extra"]["prompt_lens"]),
+            SamplingParams(temperature=0, detokenize=False, max_tokens=spec["extra"]["max_tokens"]),
+        )
         extra = [list(o.outputs[0].token_ids) for o in outputs]
     metrics = {}
     for metric in llm.get_metrics():
-        if metric.name.startswith(("vllm:spec_decode", "vllm:num_preemptions",
-                                   "vllm:prefix_cache")):
+        if metric.name.startswith(
+            ("vllm:spec_decode", "vllm:num_preemptions", "vllm:prefix_cache")
+        ):
             metrics[metric.name] = getattr(metric, "value", None)
             if hasattr(metric, "values"):
                 metrics[metric.name] = list(metric.values)
@@ -107,24 +121,32 @@ def main(spec_path: str, report_path: str) -> None:
     core = llm.llm_engine.engine_core.engine_core
     config = core.scheduler.kv_cache_config
 
-    decisions = (llm.collective_rpc(kv_decision) if spec.get("tp", 1) > 1
-                 else [kv_decision()])
+    decisions = llm.collective_rpc(kv_decision) if spec.get("tp", 1) > 1 else [kv_decision()]
 
     report = {
-        "spec": spec, "init_s": init_s, "total_s": time.time() - started,
-        "rounds": rounds, "extra": extra,
+        "spec": spec,
+        "init_s": init_s,
+        "total_s": time.time() - started,
+        "rounds": rounds,
+        "extra": extra,
         "kv_cache_tokens": cache.kv_cache_size_tokens,
         "max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),
         "num_blocks": config.num_blocks,
         "kv_cache_groups": [
-            {"type": type(g.kv_cache_spec).__name__, "layers": list(g.layer_names),
-             "block_size": g.kv_cache_spec.block_size,
-             "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None)}
-            for g in config.kv_cache_groups],
+            {
+                "type": type(g.kv_cache_spec).__name__,
+                "layers": list(g.layer_names),
+                "block_size": g.kv_cache_spec.block_size,
+                "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None),
+            }
+            for g in config.kv_cache_groups
+        ],
         "metrics": metrics,
-        "kv_memory": decisions[0], "kv_memory_per_rank": decisions,
-        "max_num_batched_tokens": llm.llm_engine.vllm_config.scheduler_config
-        .max_num_batched_tokens,
+        "kv_memory": decisions[0],
+        "kv_memory_per_rank": decisions,
+        "max_num_batched_tokens": (
+            llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+        ),
     }
     with open(report_path, "w") as f:
         json.dump(report, f)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 BLOCK, HEADS, KV_HEADS, HEAD_DIM, NUM_BLOCKS = 32, 4, 2, 32, 64
-WINDOW, SINKS = 40, 40       # S_b = 64: two sink blocks (S not a multiple of b)
+WINDOW, SINKS = 40, 40  # S_b = 64: two sink blocks (S not a multiple of b)
 
 
 def visible(p, s, causal):
@@ -24,7 +24,12 @@ def visible(p, s, causal):
 
 class _Impl:
     num_heads, num_kv_heads, head_size, kv_cache_dtype, sliding_window = (
-        HEADS, KV_HEADS, HEAD_DIM, "auto", -1)
+        HEADS,
+        KV_HEADS,
+        HEAD_DIM,
+        "auto",
+        -1,
+    )
 
 
 class _Layer:
@@ -55,7 +60,7 @@ def test_cpu_attention_kernel_on_window_plus_sinks_metadata(seq_lens, q_lens, ca
     layer = _Layer()
     layer.isa = isa
     width = 8
-    table = torch.randperm(NUM_BLOCKS, generator=gen)[:len(seq_lens) * width].view(-1, width).int()
+    table = torch.randperm(NUM_BLOCKS, generator=gen)[: len(seq_lens) * width].view(-1, width).int()
     seq_t = torch.tensor(seq_lens, dtype=torch.int32)
     qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
@@ -65,27 +70,54 @@ def test_cpu_attention_kernel_on_window_plus_sinks_metadata(seq_lens, q_lens, ca
     values = torch.randn(NUM_BLOCKS * BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
     kv_cache = torch.zeros(NUM_BLOCKS, KV_HEADS, BLOCK * 2, HEAD_DIM)
     key_cache, value_cache = kv_cache.chunk(2, dim=2)
-    slots = torch.cat([table[r, torch.arange(s) // BLOCK].long() * BLOCK + torch.arange(s) % BLOCK
-                       for r, s in enumerate(seq_lens)])
+    slots = torch.cat(
+        [
+            table[r, torch.arange(s) // BLOCK].long() * BLOCK + torch.arange(s) % BLOCK
+            for r, s in enumerate(seq_lens)
+        ]
+    )
     ops.cpu_attn_reshape_and_cache(keys[slots], values[slots], key_cache, value_cache, slots, isa)
     query = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     metadata = CPUAttentionMetadata(
-        num_actual_tokens=num_tokens, max_query_len=max(q_lens), query_start_loc=qsl,
-        max_seq_len=max(seq_lens), seq_lens=seq_t, block_table=table,
-        slot_mapping=torch.zeros(num_tokens, dtype=torch.long), scheduler_metadata=None,
-        causal=causal)
+        num_actual_tokens=num_tokens,
+        max_query_len=max(q_lens),
+        query_start_loc=qsl,
+        max_seq_len=max(seq_lens),
+        seq_lens=seq_t,
+        block_table=table,
+        slot_mapping=torch.zeros(num_tokens, dtype=torch.long),
+        scheduler_metadata=None,
+        causal=causal,
+    )
     spec = WindowSpec(WINDOW, 0, BLOCK, SINKS)
-    buffers = SinkWindowBuffers(128, max_window_blocks(WINDOW, BLOCK, sink_size=SINKS),
-                                torch.device("cpu"), torch.int32, torch.int32, torch.int32)
+    buffers = SinkWindowBuffers(
+        128,
+        max_window_blocks(WINDOW, BLOCK, sink_size=SINKS),
+        torch.device("cpu"),
+        torch.int32,
+        torch.int32,
+        torch.int32,
+    )
     md = sink_window_metadata(metadata, buffers, spec, layer, torch.float32)
     assert md.dspark_expanded is causal
     out = torch.zeros_like(query)
     ops.cpu_attention_with_kv_cache(
-        query=query, key_cache=key_cache, value_cache=value_cache, output=out,
-        query_start_loc=md.query_start_loc, seq_lens=md.seq_lens, scale=scale,
-        causal=md.causal, alibi_slopes=None, sliding_window=-1, block_table=md.block_table,
-        softcap=0, scheduler_metadata=md.scheduler_metadata, s_aux=None)
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=out,
+        query_start_loc=md.query_start_loc,
+        seq_lens=md.seq_lens,
+        scale=scale,
+        causal=md.causal,
+        alibi_slopes=None,
+        sliding_window=-1,
+        block_table=md.block_table,
+        softcap=0,
+        scheduler_metadata=md.scheduler_metadata,
+        s_aux=None,
+    )
     # dense reference by position, and the same without sinks (the effect is real)
     expected, no_sinks = torch.zeros_like(query), torch.zeros_like(query)
     for r, s in enumerate(seq_lens):
@@ -101,7 +133,8 @@ def test_cpu_attention_kernel_on_window_plus_sinks_metadata(seq_lens, q_lens, ca
             lo = max((p if causal else s - 1) + 1 - WINDOW, 0) // BLOCK * BLOCK
             plain = (pos >= lo) & (pos <= (p if causal else s - 1))
             for target, m in ((expected, mask), (no_sinks, plain)):
-                target[t] = torch.einsum("hj,jhd->hd", torch.softmax(
-                    scores.masked_fill(~m[None], float("-inf")), -1), v)
+                target[t] = torch.einsum(
+                    "hj,jhd->hd", torch.softmax(scores.masked_fill(~m[None], float("-inf")), -1), v
+                )
     assert float((out - expected).abs().max()) < 1e-4
     assert float((expected - no_sinks).abs().max()) > 1e-2

@@ -48,40 +48,74 @@ PREEMPT_LENS, PREEMPT_TOKENS, PREEMPT_BLOCKS = [300, 310, 320, 330], 200, 90
 
 
 def kv_engine_specs(target: str) -> dict[str, dict]:
-    base = dict(target=target, draft=target, window=WINDOW, bound=True, prefix_caching=True,
-                max_num_batched_tokens=STEP_TOKENS, max_model_len=MAX_LEN,
-                num_gpu_blocks_override=None, prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS,
-                rounds=2)
+    base = dict(
+        target=target,
+        draft=target,
+        window=WINDOW,
+        bound=True,
+        prefix_caching=True,
+        max_num_batched_tokens=STEP_TOKENS,
+        max_model_len=MAX_LEN,
+        num_gpu_blocks_override=None,
+        prompt_lens=PROMPT_LENS,
+        max_tokens=MAX_TOKENS,
+        rounds=2,
+    )
     return {
-        "nospec": dict(base, draft=None, window=None,
-                       extra=dict(prompt_lens=PREEMPT_LENS, max_tokens=PREEMPT_TOKENS)),
+        "nospec": dict(
+            base,
+            draft=None,
+            window=None,
+            extra=dict(prompt_lens=PREEMPT_LENS, max_tokens=PREEMPT_TOKENS),
+        ),
         "window": base,
         "unbounded": dict(base, bound=False),
-        "preempt": dict(base, prefix_caching=False, max_model_len=1024,
-                        num_gpu_blocks_override=PREEMPT_BLOCKS, rounds=1,
-                        prompt_lens=PREEMPT_LENS, max_tokens=PREEMPT_TOKENS),
+        "preempt": dict(
+            base,
+            prefix_caching=False,
+            max_model_len=1024,
+            num_gpu_blocks_override=PREEMPT_BLOCKS,
+            rounds=1,
+            prompt_lens=PREEMPT_LENS,
+            max_tokens=PREEMPT_TOKENS,
+        ),
     }
 
 
 def _run(name: str, spec: dict, workdir: Path) -> dict:
     spec_path, report_path = workdir / f"{name}.json", workdir / f"{name}.report.json"
-    if (os.environ.get("DSPARK_KV_REUSE") and report_path.exists() and spec_path.exists()
-            and json.loads(spec_path.read_text()) == spec):
+    if (
+        os.environ.get("DSPARK_KV_REUSE")
+        and report_path.exists()
+        and spec_path.exists()
+        and json.loads(spec_path.read_text()) == spec
+    ):
         return json.loads(report_path.read_text())  # development: reuse a finished engine
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ, VLLM_CACHE_ROOT=str(workdir / f"cache-{name}"),
-               PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT),
-                                           os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        VLLM_CACHE_ROOT=str(workdir / f"cache-{name}"),
+        PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
     started = time.time()
     with open(workdir / f"{name}.log", "w") as log:
-        run = subprocess.run([sys.executable, str(HERE / "kv_engine_run.py"), str(spec_path),
-                              str(report_path)], stdout=log, stderr=subprocess.STDOUT,
-                             env=env, timeout=1500)
-    print(f"[kv tier] {name}: exit {run.returncode} after {time.time() - started:.0f} s",
-          file=sys.stderr, flush=True)
+        run = subprocess.run(
+            [sys.executable, str(HERE / "kv_engine_run.py"), str(spec_path), str(report_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=1500,
+        )
+    print(
+        f"[kv tier] {name}: exit {run.returncode} after {time.time() - started:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     if run.returncode != 0:
-        return {"error": f"engine {name} exited {run.returncode}:\n"
-                         f"{(workdir / f'{name}.log').read_text()[-6000:]}"}
+        return {
+            "error": f"engine {name} exited {run.returncode}:\n"
+            f"{(workdir / f'{name}.log').read_text()[-6000:]}"
+        }
     return json.loads(report_path.read_text())
 
 
@@ -103,6 +137,7 @@ def eng(kv_engines):
         if "error" in report:
             pytest.fail(report["error"])
         return report
+
     return get
 
 
@@ -126,22 +161,26 @@ def test_capacity_grows_by_the_predicted_amount(eng):
     assert window["max_num_batched_tokens"] == STEP_TOKENS
     full = kv_spec.full_blocks_per_request(BLOCK, MAX_LEN)
     sliding = kv_spec.sliding_blocks_per_request(WINDOW - NUM_SPEC, BLOCK, STEP_TOKENS, MAX_LEN)
-    assert nospec["kv_cache_tokens"] == kv_spec.capacity_tokens(nospec["num_blocks"], full,
-                                                                MAX_LEN)
-    assert unbounded["kv_cache_tokens"] == kv_spec.capacity_tokens(unbounded["num_blocks"],
-                                                                   full, MAX_LEN)
-    assert window["kv_cache_tokens"] == kv_spec.capacity_tokens(window["num_blocks"],
-                                                                full + sliding, MAX_LEN)
+    assert nospec["kv_cache_tokens"] == kv_spec.capacity_tokens(nospec["num_blocks"], full, MAX_LEN)
+    assert unbounded["kv_cache_tokens"] == kv_spec.capacity_tokens(
+        unbounded["num_blocks"], full, MAX_LEN
+    )
+    assert window["kv_cache_tokens"] == kv_spec.capacity_tokens(
+        window["num_blocks"], full + sliding, MAX_LEN
+    )
     assert window["kv_cache_tokens"] > unbounded["kv_cache_tokens"]
-    recovered = kv_spec.recovered_fraction(nospec["kv_cache_tokens"],
-                                           unbounded["kv_cache_tokens"],
-                                           window["kv_cache_tokens"])
-    predicted = kv_spec.predicted_recovered_fraction(WINDOW, NUM_SPEC, BLOCK, STEP_TOKENS,
-                                                     MAX_LEN, 2, 2)
-    print(f"KV capacity (tokens): no speculation {nospec['kv_cache_tokens']}, self-draft "
-          f"{unbounded['kv_cache_tokens']}, self-draft + bounded window "
-          f"{window['kv_cache_tokens']}: {recovered:.1%} of the draft's cost won back "
-          f"(predicted {predicted:.1%})")
+    recovered = kv_spec.recovered_fraction(
+        nospec["kv_cache_tokens"], unbounded["kv_cache_tokens"], window["kv_cache_tokens"]
+    )
+    predicted = kv_spec.predicted_recovered_fraction(
+        WINDOW, NUM_SPEC, BLOCK, STEP_TOKENS, MAX_LEN, 2, 2
+    )
+    print(
+        f"KV capacity (tokens): no speculation {nospec['kv_cache_tokens']}, self-draft "
+        f"{unbounded['kv_cache_tokens']}, self-draft + bounded window "
+        f"{window['kv_cache_tokens']}: {recovered:.1%} of the draft's cost won back "
+        f"(predicted {predicted:.1%})"
+    )
     assert recovered == pytest.approx(predicted, abs=0.002)
     assert recovered >= 0.8
 
@@ -159,8 +198,11 @@ def test_bounding_changes_no_draft_token(eng):
     """Freeing the blocks outside the window changes nothing the draft reads: the
     draft proposes exactly the same tokens (same acceptance, per position)."""
     window, unbounded = eng("window")["metrics"], eng("unbounded")["metrics"]
-    for key in ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
-                "vllm:spec_decode_num_accepted_tokens_per_pos"):
+    for key in (
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+    ):
         assert window[key] == unbounded[key], key
     assert window["vllm:spec_decode_num_accepted_tokens"] > 0
 

@@ -11,7 +11,6 @@ steps, warm-up and capture); replays run the captured windowed op without it.
 """
 
 import pytest
-
 from conftest import ENGINES, NO_NATIVE_WINDOW, NUM_SPEC, SINKS, expected_native_window
 
 TARGET_LAYERS = {"model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"}
@@ -19,11 +18,14 @@ TARGET_LAYERS = {"model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn
 
 def names(*, windowed=None, sinks=None, check=None, runs=True):
     """Engines of this tier with the given properties (``runs``: vLLM accepts the config)."""
-    return [name for name, spec in ENGINES.items()
-            if (spec["error"] is None) == runs
-            and (windowed is None or (spec["window"] is not None) == windowed)
-            and (sinks is None or bool(spec["sinks"]) == sinks)
-            and (check is None or check in spec["checks"])]
+    return [
+        name
+        for name, spec in ENGINES.items()
+        if (spec["error"] is None) == runs
+        and (windowed is None or (spec["window"] is not None) == windowed)
+        and (sinks is None or bool(spec["sinks"]) == sinks)
+        and (check is None or check in spec["checks"])
+    ]
 
 
 def draft_layers(report):
@@ -84,7 +86,8 @@ def test_windowed_metadata_reached_attention_on_every_draft_step(engine):
             assert calls[name]["windowed"] == 0
             assert calls[name]["sliding_window"] == NO_NATIVE_WINDOW[spec["backend"]]
         assert sum(worker["stats"]["windowed_calls"].values()) >= sum(
-            calls[name]["calls"] for name in drafts)
+            calls[name]["calls"] for name in drafts
+        )
 
 
 @pytest.mark.parametrize("engine", names(check="long_queries"), indirect=True)
@@ -113,8 +116,10 @@ def test_wide_window_accepts_exactly_what_no_window_accepts(engine, engines):
         assert abs(accepted(engine) - accepted(off)) <= max(2, 0.03 * accepted(off))
     else:
         assert accepted(engine) == accepted(off)
-        assert (engine["metrics"]["vllm:spec_decode_num_drafts"]
-                == off["metrics"]["vllm:spec_decode_num_drafts"])
+        assert (
+            engine["metrics"]["vllm:spec_decode_num_drafts"]
+            == off["metrics"]["vllm:spec_decode_num_drafts"]
+        )
 
 
 @pytest.mark.parametrize("engine", names(check="fewer_accepted"), indirect=True)

@@ -47,12 +47,26 @@ SHORT_TOLERANCE = 0.05
 
 
 def _spec(setting: str, window, contexts, prompts, max_model_len, draft_context):
-    return {"family": "draft_model", "setting": setting, "window": window,
-            "target": str(PAIR / "target"), "draft": str(PAIR / "draft"),
-            "method": "draft_model", "num_speculative_tokens": NUM_SPEC, "dtype": "float32",
-            "block_size": 32, "max_model_len": max_model_len, "max_num_seqs": BATCH,
-            "contexts": contexts, "batches": [BATCH], "temperatures": [0.0], "repeats": 1,
-            "new_tokens": NEW_TOKENS, "prompts": prompts, "deadline": time.time() + 1200}
+    return {
+        "family": "draft_model",
+        "setting": setting,
+        "window": window,
+        "target": str(PAIR / "target"),
+        "draft": str(PAIR / "draft"),
+        "method": "draft_model",
+        "num_speculative_tokens": NUM_SPEC,
+        "dtype": "float32",
+        "block_size": 32,
+        "max_model_len": max_model_len,
+        "max_num_seqs": BATCH,
+        "contexts": contexts,
+        "batches": [BATCH],
+        "temperatures": [0.0],
+        "repeats": 1,
+        "new_tokens": NEW_TOKENS,
+        "prompts": prompts,
+        "deadline": time.time() + 1200,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,26 +84,43 @@ def runs(tmp_path_factory) -> dict:
         spec = _spec(setting, window, contexts, prompts, report["max_model_len"], c0)
         spec_path, out_path = workdir / f"{setting}.json", workdir / f"{setting}.out.json"
         spec_path.write_text(json.dumps(spec))
-        env = dict(os.environ, VLLM_CACHE_ROOT=str(workdir / f"cache-{setting}"),
-                   PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT),
-                                               os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            VLLM_CACHE_ROOT=str(workdir / f"cache-{setting}"),
+            PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         started = time.time()
         with open(workdir / f"{setting}.log", "w") as log:
-            run = subprocess.run([sys.executable, str(BENCH), "--worker", str(spec_path),
-                                  str(out_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 timeout=900)
-        print(f"[trained pair] {setting}: exit {run.returncode} after "
-              f"{time.time() - started:.0f} s", file=sys.stderr, flush=True)
+            run = subprocess.run(
+                [sys.executable, str(BENCH), "--worker", str(spec_path), str(out_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=900,
+            )
+        print(
+            f"[trained pair] {setting}: exit {run.returncode} after {time.time() - started:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         if run.returncode != 0 or not out_path.exists():
-            pytest.fail(f"engine {setting} failed:\n"
-                        + (workdir / f"{setting}.log").read_text()[-6000:])
+            pytest.fail(
+                f"engine {setting} failed:\n" + (workdir / f"{setting}.log").read_text()[-6000:]
+            )
         result = json.loads(out_path.read_text())
         assert result["engine"]["complete"], result["engine"]
         out[setting] = {c["context"]: c for c in result["cells"]}
-    summary = {s: {c: {"acceptance_length": out[s][c]["acceptance_length"],
-                       "acceptance_per_pos": out[s][c]["acceptance_per_pos"]}
-                   for c in contexts} for s in ("off", "w1x")}
+    summary = {
+        s: {
+            c: {
+                "acceptance_length": out[s][c]["acceptance_length"],
+                "acceptance_per_pos": out[s][c]["acceptance_per_pos"],
+            }
+            for c in contexts
+        }
+        for s in ("off", "w1x")
+    }
     print(f"[trained pair] acceptance: {json.dumps(summary)}", file=sys.stderr, flush=True)
     return out
 

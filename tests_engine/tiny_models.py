@@ -21,22 +21,32 @@ import torch
 
 VOCAB = 512
 HIDDEN = 128
-HEADS = 4          # head_dim 32: CPU_ATTN supports multiples of 32; TP=2 splits heads
+HEADS = 4  # head_dim 32: CPU_ATTN supports multiples of 32; TP=2 splits heads
 KV_HEADS = 2
 INTERMEDIATE = 128
 MAX_POSITIONS = 8192
-AUX_LAYERS = [1, 2]   # EAGLE3: the 2-layer target's hidden states after layers 0 and 1
+AUX_LAYERS = [1, 2]  # EAGLE3: the 2-layer target's hidden states after layers 0 and 1
 
 
 def llama_config(num_layers: int) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": num_layers, "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS, "head_dim": HIDDEN // HEADS,
-        "max_position_embeddings": MAX_POSITIONS, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-        "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HIDDEN // HEADS,
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
         "initializer_range": 0.2,
     }
 
@@ -135,8 +145,7 @@ def build_eagle(path: Path, seed: int) -> Path:
     config["architectures"] = ["EagleLlamaForCausalLM"]
     (path / "config.json").write_text(json.dumps(config, indent=1))
     rand = _generator_rand(seed)
-    weights = {"fc.weight": rand(HIDDEN, 2 * HIDDEN),
-               **_layer_weights("layers.0", rand, HIDDEN)}
+    weights = {"fc.weight": rand(HIDDEN, 2 * HIDDEN), **_layer_weights("layers.0", rand, HIDDEN)}
     save_file(weights, str(path / "model.safetensors"))
     return path
 
@@ -151,16 +160,23 @@ def build_dflash(path: Path, seed: int) -> Path:
         return path
     path.mkdir(parents=True, exist_ok=True)
     config = llama_config(1)
-    config.update({"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-                   "target_hidden_size": HIDDEN,
-                   "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": [0, 1]}})
+    config.update(
+        {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "target_hidden_size": HIDDEN,
+            "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": [0, 1]},
+        }
+    )
     (path / "config.json").write_text(json.dumps(config, indent=1))
     rand = _generator_rand(seed)
-    weights = {"fc.weight": rand(HIDDEN, 2 * HIDDEN),
-               "hidden_norm.weight": torch.ones(HIDDEN),
-               "norm.weight": torch.ones(HIDDEN),
-               "lm_head.weight": rand(VOCAB, HIDDEN),
-               "layers.0.input_layernorm.weight": torch.ones(HIDDEN),
-               **_layer_weights("layers.0", rand, HIDDEN, qk_norm=True)}
+    weights = {
+        "fc.weight": rand(HIDDEN, 2 * HIDDEN),
+        "hidden_norm.weight": torch.ones(HIDDEN),
+        "norm.weight": torch.ones(HIDDEN),
+        "lm_head.weight": rand(VOCAB, HIDDEN),
+        "layers.0.input_layernorm.weight": torch.ones(HIDDEN),
+        **_layer_weights("layers.0", rand, HIDDEN, qk_norm=True),
+    }
     save_file(weights, str(path / "model.safetensors"))
     return path

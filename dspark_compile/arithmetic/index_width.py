@@ -16,8 +16,10 @@ from dspark_compile.validation import check_int
 
 INDEX_WIDTH_ALIGN = 128
 
-WIDTH_RULE = ("non-causal needs ceil((S_b + W + max_q_len) / 128) * 128, causal "
-              "ceil((S_b + W) / 128) * 128, S_b = ceil(sink_size / block_size) * block_size")
+WIDTH_RULE = (
+    "non-causal needs ceil((S_b + W + max_q_len) / 128) * 128, causal "
+    "ceil((S_b + W) / 128) * 128, S_b = ceil(sink_size / block_size) * block_size"
+)
 
 
 def _sinks(sink_size: int, block_size: Optional[int]) -> int:
@@ -26,13 +28,16 @@ def _sinks(sink_size: int, block_size: Optional[int]) -> int:
     if sink_size == 0:
         return 0
     if block_size is None:
-        raise ValueError(f"sink_size={sink_size} needs block_size: the sinks are the first "
-                         "ceil(sink_size / block_size) * block_size KV tokens")
+        raise ValueError(
+            f"sink_size={sink_size} needs block_size: the sinks are the first "
+            "ceil(sink_size / block_size) * block_size KV tokens"
+        )
     return sink_tokens(sink_size, block_size)
 
 
-def noncausal_width(window_size: int, max_query_len: int, sink_size: int = 0,
-                    block_size: Optional[int] = None) -> int:
+def noncausal_width(
+    window_size: int, max_query_len: int, sink_size: int = 0, block_size: Optional[int] = None
+) -> int:
     """Index width of the non-causal form: ``ceil((S_b + W + max_q_len) / 128) * 128``
     (>= 128), ``S_b = ceil(sink_size / block_size) * block_size`` (``block_size`` is needed
     only when ``sink_size > 0``)."""

@@ -69,8 +69,9 @@ def sink_tokens(sink_size: int, block_size: int) -> int:
     return sink_blocks(sink_size, block_size) * block_size
 
 
-def max_window_blocks(window_size: int, block_size: int, max_query_len: IntLike = 1,
-                      sink_size: int = 0) -> IntLike:
+def max_window_blocks(
+    window_size: int, block_size: int, max_query_len: IntLike = 1, sink_size: int = 0
+) -> IntLike:
     """Width of the windowed block table: ``ceil((W + max_query_len - 1) / b) + 1``
     plus ``ceil(S / b)`` sink blocks.
 
@@ -84,24 +85,44 @@ def max_window_blocks(window_size: int, block_size: int, max_query_len: IntLike 
     check_int("window_size", window_size)
     check_int("block_size", block_size)
     _check_query_bound(max_query_len)
-    return ((window_size + max_query_len - 2 + block_size) // block_size + 1
-            + sink_blocks(sink_size, block_size))
+    return (
+        (window_size + max_query_len - 2 + block_size) // block_size
+        + 1
+        + sink_blocks(sink_size, block_size)
+    )
 
 
-def windowed_len_bound(window_size: int, block_size: int, future_offset: int = 0,
-                       max_query_len: IntLike = 1, sink_size: int = 0) -> IntLike:
+def windowed_len_bound(
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    max_query_len: IntLike = 1,
+    sink_size: int = 0,
+) -> IntLike:
     """Largest possible ``windowed_len``: ``W - K + b - 2 + max_query_len`` plus
     ``S_b`` sink tokens (``W - K + b - 1`` for decode and non-causal windows)."""
-    return (window_size - future_offset + block_size - 2 + max_query_len
-            + sink_tokens(sink_size, block_size))
+    return (
+        window_size
+        - future_offset
+        + block_size
+        - 2
+        + max_query_len
+        + sink_tokens(sink_size, block_size)
+    )
 
 
-def window_upper_bound(bound: int, window_size: int, block_size: int,
-                       future_offset: int = 0, max_query_len: int = 1,
-                       sink_size: int = 0) -> int:
+def window_upper_bound(
+    bound: int,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    max_query_len: int = 1,
+    sink_size: int = 0,
+) -> int:
     """Window a scalar upper bound of seq_lens (e.g. ``max_seq_len``)."""
-    return min(bound, windowed_len_bound(window_size, block_size, future_offset, max_query_len,
-                                         sink_size))
+    return min(
+        bound, windowed_len_bound(window_size, block_size, future_offset, max_query_len, sink_size)
+    )
 
 
 def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:
@@ -126,9 +147,15 @@ class WindowBounds:
     kept_sinks: Optional[torch.Tensor] = None
 
 
-def compute_window(seq_lens: torch.Tensor, window_size: int, block_size: int,
-                   future_offset: int = 0, query_lens: Optional[torch.Tensor] = None,
-                   max_query_len: IntLike = 1, sink_size: int = 0) -> WindowBounds:
+def compute_window(
+    seq_lens: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    query_lens: Optional[torch.Tensor] = None,
+    max_query_len: IntLike = 1,
+    sink_size: int = 0,
+) -> WindowBounds:
     """Window bounds for ``seq_lens`` (``[num_reqs]`` int tensor, any device).
 
     ``query_lens`` None: the window of each request's last position (decode,
@@ -145,8 +172,9 @@ def compute_window(seq_lens: torch.Tensor, window_size: int, block_size: int,
     anchor_end = seq_lens  # position + 1 of the query whose window is taken
     if query_lens is not None:
         extra = torch.clamp(query_lens, min=1) - 1
-        anchor_end = seq_lens - (extra if extra.dtype == seq_lens.dtype
-                                 else extra.to(seq_lens.dtype))
+        anchor_end = seq_lens - (
+            extra if extra.dtype == seq_lens.dtype else extra.to(seq_lens.dtype)
+        )
     shifted = torch.clamp(anchor_end + (future_offset - window_size), min=0)
     start_block = torch.div(shifted, block_size, rounding_mode="floor")
     start = start_block * block_size
@@ -158,12 +186,14 @@ def compute_window(seq_lens: torch.Tensor, window_size: int, block_size: int,
         windowed_len = kept * block_size + windowed_len
         window_blocks = kept + window_blocks
     needed = torch.clamp(
-        window_blocks, max=max_window_blocks(window_size, block_size, max_query_len, sink_size))
+        window_blocks, max=max_window_blocks(window_size, block_size, max_query_len, sink_size)
+    )
     return WindowBounds(start, windowed_len, start_block, needed, kept)
 
 
-def table_columns(cols: torch.Tensor, start_block: torch.Tensor,
-                  kept_sinks: Optional[torch.Tensor]) -> torch.Tensor:
+def table_columns(
+    cols: torch.Tensor, start_block: torch.Tensor, kept_sinks: Optional[torch.Tensor]
+) -> torch.Tensor:
     """Full-table column of windowed column ``cols`` (broadcasting): ``start_block
     + cols``, or with sinks ``cols`` for ``cols < kept_sinks`` and
     ``start_block - kept_sinks + cols`` after them."""
@@ -172,9 +202,13 @@ def table_columns(cols: torch.Tensor, start_block: torch.Tensor,
     return cols + (cols >= kept_sinks).to(cols.dtype) * (start_block - kept_sinks)
 
 
-def gather_window_block_table(block_table: torch.Tensor, start_block: torch.Tensor,
-                              needed: torch.Tensor, num_window_blocks: int,
-                              kept_sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gather_window_block_table(
+    block_table: torch.Tensor,
+    start_block: torch.Tensor,
+    needed: torch.Tensor,
+    num_window_blocks: int,
+    kept_sinks: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Columns ``start_block[i] + [0, num_window_blocks)`` of ``block_table``,
     after ``kept_sinks[i]`` leading sink columns ``[0, kept_sinks[i])`` when given.
 
@@ -186,8 +220,11 @@ def gather_window_block_table(block_table: torch.Tensor, start_block: torch.Tens
     if width == 0:
         return block_table.new_zeros((num_reqs, num_window_blocks))
     cols = torch.arange(num_window_blocks, device=block_table.device, dtype=start_block.dtype)
-    index = table_columns(cols.unsqueeze(0), start_block.unsqueeze(1),
-                          None if kept_sinks is None else kept_sinks.unsqueeze(1))
+    index = table_columns(
+        cols.unsqueeze(0),
+        start_block.unsqueeze(1),
+        None if kept_sinks is None else kept_sinks.unsqueeze(1),
+    )
     valid = torch.logical_and(cols.unsqueeze(0) < needed.unsqueeze(1), index < width)
     safe_index = torch.clamp(index, min=0, max=width - 1).to(torch.int64)
     gathered = torch.gather(block_table, 1, safe_index)
@@ -195,21 +232,32 @@ def gather_window_block_table(block_table: torch.Tensor, start_block: torch.Tens
 
 
 def window_seq_lens_and_block_table(
-    seq_lens: torch.Tensor, block_table: torch.Tensor, window_size: int, block_size: int,
-    future_offset: int = 0, sink_size: int = 0,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(windowed_len, windowed_block_table)`` for one (seq_lens, block_table) pair."""
-    bounds = compute_window(seq_lens, window_size, block_size, future_offset,
-                            sink_size=sink_size)
+    bounds = compute_window(seq_lens, window_size, block_size, future_offset, sink_size=sink_size)
     table = gather_window_block_table(
-        block_table, bounds.start_block, bounds.needed,
-        max_window_blocks(window_size, block_size, sink_size=sink_size), bounds.kept_sinks)
+        block_table,
+        bounds.start_block,
+        bounds.needed,
+        max_window_blocks(window_size, block_size, sink_size=sink_size),
+        bounds.kept_sinks,
+    )
     return bounds.windowed_len, table
 
 
 def window_seq_lens_and_block_table_packed(
-    seq_lens: torch.Tensor, block_table: torch.Tensor, window_size: int, block_size: int,
-    future_offset: int = 0, sink_size: int = 0,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same values as ``window_seq_lens_and_block_table``, as contiguous views
     of ONE flat buffer ``[R * max_window_blocks + R]`` (table rows, then the
@@ -217,15 +265,21 @@ def window_seq_lens_and_block_table_packed(
     emits one kernel for both. Needs equal dtypes (else: two tensors).
     """
     if block_table.dtype != seq_lens.dtype or block_table.shape[1] == 0:
-        return window_seq_lens_and_block_table(seq_lens, block_table, window_size, block_size,
-                                               future_offset, sink_size)
-    return _packed_window(seq_lens, block_table, window_size, block_size, future_offset,
-                          sink_size)
+        return window_seq_lens_and_block_table(
+            seq_lens, block_table, window_size, block_size, future_offset, sink_size
+        )
+    return _packed_window(seq_lens, block_table, window_size, block_size, future_offset, sink_size)
 
 
 def causal_window_metadata(
-    seq_lens: torch.Tensor, block_table: torch.Tensor, query_start_loc: torch.Tensor,
-    window_size: int, block_size: int, future_offset: int = 0, *, max_query_len: IntLike,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    *,
+    max_query_len: IntLike,
     sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(windowed_len, windowed_block_table, kv_offset)`` for causal query blocks.
@@ -243,18 +297,34 @@ def causal_window_metadata(
     key, and the kernel (given the same S) maps table tokens to positions.
     """
     _check_query_lens_bound(query_start_loc, max_query_len)
-    bounds = compute_window(seq_lens, window_size, block_size, future_offset,
-                            query_lens=query_lens(query_start_loc), max_query_len=max_query_len,
-                            sink_size=sink_size)
+    bounds = compute_window(
+        seq_lens,
+        window_size,
+        block_size,
+        future_offset,
+        query_lens=query_lens(query_start_loc),
+        max_query_len=max_query_len,
+        sink_size=sink_size,
+    )
     table = gather_window_block_table(
-        block_table, bounds.start_block, bounds.needed,
-        max_window_blocks(window_size, block_size, max_query_len, sink_size), bounds.kept_sinks)
+        block_table,
+        bounds.start_block,
+        bounds.needed,
+        max_window_blocks(window_size, block_size, max_query_len, sink_size),
+        bounds.kept_sinks,
+    )
     return bounds.windowed_len, table, bounds.start
 
 
 def causal_window_metadata_packed(
-    seq_lens: torch.Tensor, block_table: torch.Tensor, query_start_loc: torch.Tensor,
-    window_size: int, block_size: int, future_offset: int = 0, *, max_query_len: IntLike,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    *,
+    max_query_len: IntLike,
     sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same values as ``causal_window_metadata``, as contiguous views of ONE flat
@@ -262,12 +332,27 @@ def causal_window_metadata_packed(
     single elementwise expression. Needs equal dtypes (else: three tensors).
     """
     if block_table.dtype != seq_lens.dtype or block_table.shape[1] == 0:
-        return causal_window_metadata(seq_lens, block_table, query_start_loc, window_size,
-                                      block_size, future_offset, max_query_len=max_query_len,
-                                      sink_size=sink_size)
+        return causal_window_metadata(
+            seq_lens,
+            block_table,
+            query_start_loc,
+            window_size,
+            block_size,
+            future_offset,
+            max_query_len=max_query_len,
+            sink_size=sink_size,
+        )
     _check_query_lens_bound(query_start_loc, max_query_len)
-    return _packed_causal_window(seq_lens, block_table, query_start_loc, window_size,
-                                 block_size, future_offset, max_query_len, sink_size)
+    return _packed_causal_window(
+        seq_lens,
+        block_table,
+        query_start_loc,
+        window_size,
+        block_size,
+        future_offset,
+        max_query_len,
+        sink_size,
+    )
 
 
 def _packed_window(seq_lens, block_table, window_size, block_size, future_offset, sink_size):
@@ -280,23 +365,32 @@ def _packed_window(seq_lens, block_table, window_size, block_size, future_offset
     row_in_table = torch.div(flat, num_window_blocks, rounding_mode="floor")
     row = torch.where(in_table, row_in_table, flat - table_numel)
     col = flat - row_in_table * num_window_blocks
-    bounds = compute_window(torch.gather(seq_lens, 0, row), window_size, block_size,
-                            future_offset, sink_size=sink_size)
+    bounds = compute_window(
+        torch.gather(seq_lens, 0, row), window_size, block_size, future_offset, sink_size=sink_size
+    )
     index = table_columns(col, bounds.start_block, bounds.kept_sinks)
-    valid = torch.logical_and(
-        torch.logical_and(in_table, col < bounds.needed), index < width)
+    valid = torch.logical_and(torch.logical_and(in_table, col < bounds.needed), index < width)
     safe_index = torch.clamp(index, min=0, max=width - 1)
     table_values = torch.gather(block_table.reshape(-1), 0, row * width + safe_index)
-    packed = torch.where(in_table, table_values * valid.to(block_table.dtype),
-                         bounds.windowed_len)
+    packed = torch.where(in_table, table_values * valid.to(block_table.dtype), bounds.windowed_len)
     # as_strided (not slice/view): Inductor then realizes `packed` once and hands
     # every consumer a view of that one buffer.
-    return (torch.as_strided(packed, (num_reqs,), (1,), table_numel),
-            torch.as_strided(packed, (num_reqs, num_window_blocks), (num_window_blocks, 1), 0))
+    return (
+        torch.as_strided(packed, (num_reqs,), (1,), table_numel),
+        torch.as_strided(packed, (num_reqs, num_window_blocks), (num_window_blocks, 1), 0),
+    )
 
 
-def _packed_causal_window(seq_lens, block_table, query_start_loc, window_size, block_size,
-                          future_offset, max_query_len, sink_size):
+def _packed_causal_window(
+    seq_lens,
+    block_table,
+    query_start_loc,
+    window_size,
+    block_size,
+    future_offset,
+    max_query_len,
+    sink_size,
+):
     """The packed per-token form: one flat iota over [lengths | offsets | table rows].
 
     The vectors come first: with the table first, Inductor (torch 2.14, CPU)
@@ -312,40 +406,63 @@ def _packed_causal_window(seq_lens, block_table, query_start_loc, window_size, b
     table_flat = flat - vectors
     row_in_table = torch.div(table_flat, num_window_blocks, rounding_mode="floor")
     row = torch.where(in_vectors, torch.where(in_lens, flat, flat - num_reqs), row_in_table)
-    col = table_flat - row_in_table * num_window_blocks      # in [0, cols) everywhere
+    col = table_flat - row_in_table * num_window_blocks  # in [0, cols) everywhere
     q_lens = torch.gather(query_start_loc, 0, row + 1) - torch.gather(query_start_loc, 0, row)
-    bounds = compute_window(torch.gather(seq_lens, 0, row), window_size, block_size,
-                            future_offset, query_lens=q_lens, max_query_len=max_query_len,
-                            sink_size=sink_size)
+    bounds = compute_window(
+        torch.gather(seq_lens, 0, row),
+        window_size,
+        block_size,
+        future_offset,
+        query_lens=q_lens,
+        max_query_len=max_query_len,
+        sink_size=sink_size,
+    )
     index = table_columns(col, bounds.start_block, bounds.kept_sinks)
     valid = torch.logical_and(col < bounds.needed, index < width)
     safe_index = torch.clamp(index, min=0, max=width - 1)
     table_values = torch.gather(block_table.reshape(-1), 0, row * width + safe_index)
-    packed = torch.where(in_vectors, torch.where(in_lens, bounds.windowed_len, bounds.start),
-                         table_values * valid.to(block_table.dtype))
-    return (torch.as_strided(packed, (num_reqs,), (1,), 0),
-            torch.as_strided(packed, (num_reqs, num_window_blocks), (num_window_blocks, 1),
-                             vectors),
-            torch.as_strided(packed, (num_reqs,), (1,), num_reqs))
+    packed = torch.where(
+        in_vectors,
+        torch.where(in_lens, bounds.windowed_len, bounds.start),
+        table_values * valid.to(block_table.dtype),
+    )
+    return (
+        torch.as_strided(packed, (num_reqs,), (1,), 0),
+        torch.as_strided(packed, (num_reqs, num_window_blocks), (num_window_blocks, 1), vectors),
+        torch.as_strided(packed, (num_reqs,), (1,), num_reqs),
+    )
 
 
-def window_seq_lens(seq_lens: torch.Tensor, window_size: int, block_size: int,
-                    future_offset: int = 0, sink_size: int = 0) -> torch.Tensor:
+def window_seq_lens(
+    seq_lens: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    sink_size: int = 0,
+) -> torch.Tensor:
     """Windowed lengths only (for host mirrors such as ``seq_lens_cpu``)."""
-    return compute_window(seq_lens, window_size, block_size, future_offset,
-                          sink_size=sink_size).windowed_len
+    return compute_window(
+        seq_lens, window_size, block_size, future_offset, sink_size=sink_size
+    ).windowed_len
 
 
-def table_token_positions(table_tokens: torch.Tensor, kv_offset: torch.Tensor,
-                          sink_size: int, block_size: int) -> torch.Tensor:
+def table_token_positions(
+    table_tokens: torch.Tensor, kv_offset: torch.Tensor, sink_size: int, block_size: int
+) -> torch.Tensor:
     """Absolute position of windowed-table token ``t`` (broadcasting): ``t`` for
     the ``min(S_b, kv_offset)`` kept sink tokens, else ``kv_offset + t - kept``."""
     kept = torch.clamp(kv_offset, max=sink_tokens(sink_size, block_size))
     return torch.where(table_tokens < kept, table_tokens, table_tokens + (kv_offset - kept))
 
 
-def key_visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window_size: int,
-                block_size: int, future_offset: int = 0, sink_size: int = 0) -> torch.Tensor:
+def key_visible(
+    key_pos: torch.Tensor,
+    query_pos: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    sink_size: int = 0,
+) -> torch.Tensor:
     """The window rule by position (broadcasting, no causality): ``j >= lo(p)``
     or ``j < S_b``, with ``lo(p) = floor(max(p + 1 + K - W, 0) / b) * b``."""
     shifted = torch.clamp(query_pos + (1 + future_offset - window_size), min=0)
@@ -361,16 +478,23 @@ def _check_query_lens_bound(query_start_loc: torch.Tensor, max_query_len: IntLik
     read); on devices and under tracing it is the caller's contract."""
     _check_query_bound(max_query_len)
     if query_start_loc.dim() != 1 or query_start_loc.shape[0] < 1:
-        raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} is invalid: "
-                         "expected [num_reqs + 1]")
-    if (torch.compiler.is_compiling() or query_start_loc.device.type != "cpu"
-            or isinstance(max_query_len, torch.SymInt) or is_fake(query_start_loc)
-            or query_start_loc.shape[0] < 2):
+        raise ValueError(
+            f"query_start_loc {tuple(query_start_loc.shape)} is invalid: expected [num_reqs + 1]"
+        )
+    if (
+        torch.compiler.is_compiling()
+        or query_start_loc.device.type != "cpu"
+        or isinstance(max_query_len, torch.SymInt)
+        or is_fake(query_start_loc)
+        or query_start_loc.shape[0] < 2
+    ):
         return
     longest = int(query_lens(query_start_loc).max())
     if longest > max_query_len:
-        raise ValueError(f"max_query_len={max_query_len} is invalid: a request has {longest} "
-                         "queries (max_query_len must bound every q_len)")
+        raise ValueError(
+            f"max_query_len={max_query_len} is invalid: a request has {longest} "
+            "queries (max_query_len must bound every q_len)"
+        )
 
 
 def _check_query_bound(value: object) -> None:

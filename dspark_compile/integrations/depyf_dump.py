@@ -39,9 +39,8 @@ def accepts_keywords(fn: Callable) -> bool:
 @contextlib.contextmanager
 def keyword_tolerant_load_hook() -> Iterator[None]:
     """Inside ``depyf.prepare_debug``: let depyf's ``load_by_key_path`` hook take extra keywords."""
-    from torch._inductor.codecache import PyCodeCache
-
     from depyf.explain.global_variables import data
+    from torch._inductor.codecache import PyCodeCache
 
     hook = PyCodeCache.__dict__.get("load_by_key_path")
     if not callable(hook) or isinstance(hook, classmethod) or accepts_keywords(hook):

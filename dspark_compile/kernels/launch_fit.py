@@ -18,9 +18,12 @@ Shape = TypeVar("Shape")
 Result = TypeVar("Result")
 
 
-def launch_until_it_fits(launch: Callable[[Shape], Result], shape: Shape,
-                         smaller: Callable[[Shape], Optional[Shape]],
-                         what: str) -> tuple[Result, Shape]:
+def launch_until_it_fits(
+    launch: Callable[[Shape], Result],
+    shape: Shape,
+    smaller: Callable[[Shape], Optional[Shape]],
+    what: str,
+) -> tuple[Result, Shape]:
     """Call ``launch(shape)``; while it raises ``OutOfResources``, retry with
     ``smaller(shape)`` (``None``: none left, the error propagates). Each retry is
     logged. Returns ``launch``'s result and the shape that launched."""
@@ -31,6 +34,7 @@ def launch_until_it_fits(launch: Callable[[Shape], Result], shape: Shape,
             next_shape = smaller(shape)
             if next_shape is None:
                 raise
-            logger.info("%s: launch %s does not fit this GPU (%s); trying %s", what, shape,
-                        exc, next_shape)
+            logger.info(
+                "%s: launch %s does not fit this GPU (%s); trying %s", what, shape, exc, next_shape
+            )
             shape = next_shape

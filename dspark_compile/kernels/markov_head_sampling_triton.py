@@ -45,41 +45,56 @@ import torch
 import triton
 import triton.language as tl
 from torch import nn
-
 from triton.language.extra import libdevice
 
-from dspark_compile.kernels.markov_sampling_triton import (
-    _FINITE_LIMIT, _LN2, _NO_TOKEN, _REL, _exact_value, _gumbel_exact, _key_token, _merge,
-    _mix32, _noise_bits, _order_key, _row_key)
 from dspark_compile.kernels.markov_sampling import markov_head_sample_ref
+from dspark_compile.kernels.markov_sampling_triton import (
+    _FINITE_LIMIT,
+    _LN2,
+    _NO_TOKEN,
+    _REL,
+    _exact_value,
+    _gumbel_exact,
+    _key_token,
+    _merge,
+    _mix32,
+    _noise_bits,
+    _order_key,
+    _row_key,
+)
 from dspark_compile.kernels.sampling_args import check_head_sampling_args, kernel_sampling_inputs
 
-BLOCK_R = 64                 # rows per program: one warpgroup's tensor-core tile
-BLOCK_V = 32                 # tokens per tile (H200 sweep,
-TILES_PER_PROGRAM = 16       # benchmarks/results/2026-12-01-h200-session12.md)
+BLOCK_R = 64  # rows per program: one warpgroup's tensor-core tile
+BLOCK_V = 32  # tokens per tile (H200 sweep,
+TILES_PER_PROGRAM = 16  # benchmarks/results/2026-12-01-h200-session12.md)
 NUM_WARPS = 4
-NUM_STAGES = 3               # tiles whose loads are in flight (software-pipelined)
+NUM_STAGES = 3  # tiles whose loads are in flight (software-pipelined)
 _HEAD_DTYPES = (torch.float16, torch.bfloat16)
-NOISE_ERROR_LIMIT = 2.0 ** -16               # gumbel_fast_error() stays below (H200: 9.1e-6)
-_FAST_ABS = tl.constexpr(2 * NOISE_ERROR_LIMIT)   # |exact - fast| <= this + _REL * |fast|
-_SERIES_BELOW = tl.constexpr(2.0 ** -8)      # 1 - u below this: -ln(u) by its series
+NOISE_ERROR_LIMIT = 2.0**-16  # gumbel_fast_error() stays below (H200: 9.1e-6)
+_FAST_ABS = tl.constexpr(2 * NOISE_ERROR_LIMIT)  # |exact - fast| <= this + _REL * |fast|
+_SERIES_BELOW = tl.constexpr(2.0**-8)  # 1 - u below this: -ln(u) by its series
 
 
 @triton.jit
-def _tile_bias(embedded, weight_ptr, weight_stride, tokens, in_vocab, ranks, rank,
-               TENSOR_CORES: tl.constexpr):
+def _tile_bias(
+    embedded, weight_ptr, weight_stride, tokens, in_vocab, ranks, rank, TENSOR_CORES: tl.constexpr
+):
     """``[rows, BLOCK_V]`` bias of one tile, rounded to the weight's dtype then widened
     to fp32: ``embedded [rows, K] @ weight[tokens, :K]^T`` with fp32 accumulation.
     Without TENSOR_CORES (the interpreter, whose bf16 ``dot`` misreads its
     inputs and whose bf16 cast truncates) the operands are widened first (their
     products are exact in fp32 either way) and bf16 rounds by ``_bf16_nearest_even``."""
-    weight = tl.load(weight_ptr + tokens[:, None].to(tl.int64) * weight_stride + ranks[None, :],
-                     mask=in_vocab[:, None] & (ranks[None, :] < rank), other=0.0)
+    weight = tl.load(
+        weight_ptr + tokens[:, None].to(tl.int64) * weight_stride + ranks[None, :],
+        mask=in_vocab[:, None] & (ranks[None, :] < rank),
+        other=0.0,
+    )
     if TENSOR_CORES:
         product = tl.dot(embedded, tl.trans(weight), out_dtype=tl.float32)
     else:
-        product = tl.dot(embedded.to(tl.float32), tl.trans(weight.to(tl.float32)),
-                         input_precision="ieee")
+        product = tl.dot(
+            embedded.to(tl.float32), tl.trans(weight.to(tl.float32)), input_precision="ieee"
+        )
     if TENSOR_CORES or weight_ptr.dtype.element_ty != tl.bfloat16:
         return product.to(weight_ptr.dtype.element_ty).to(tl.float32)
     else:
@@ -99,45 +114,89 @@ def _bf16_nearest_even(x):
 def _embedded_rows(embed_ptr, embed_stride, prev_ptr, rows, row_ok, ranks, rank):
     """``embed[prev[rows]]``: ``[rows, K]`` in the embedding's dtype, 0 past the rank."""
     prev = tl.load(prev_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    return tl.load(embed_ptr + prev[:, None] * embed_stride + ranks[None, :],
-                   mask=row_ok[:, None] & (ranks[None, :] < rank), other=0.0)
+    return tl.load(
+        embed_ptr + prev[:, None] * embed_stride + ranks[None, :],
+        mask=row_ok[:, None] & (ranks[None, :] < rank),
+        other=0.0,
+    )
 
 
 @triton.jit
-def _tile_logits(tile, row_logits, row_ok, embedded, weight_ptr, weight_stride, vocab, ranks,
-                 rank, BLOCK_V: tl.constexpr, TENSOR_CORES: tl.constexpr):
+def _tile_logits(
+    tile,
+    row_logits,
+    row_ok,
+    embedded,
+    weight_ptr,
+    weight_stride,
+    vocab,
+    ranks,
+    rank,
+    BLOCK_V: tl.constexpr,
+    TENSOR_CORES: tl.constexpr,
+):
     """``(logits [rows, BLOCK_V] fp32, tokens [BLOCK_V], in_vocab)`` of one tile:
     ``base.float() + bias.float()``."""
     tokens = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     in_vocab = tokens < vocab
-    bias = _tile_bias(embedded, weight_ptr, weight_stride, tokens, in_vocab, ranks, rank,
-                      TENSOR_CORES)
-    base = tl.load(row_logits[:, None] + tokens[None, :],
-                   mask=row_ok[:, None] & in_vocab[None, :], other=0.0).to(tl.float32)
+    bias = _tile_bias(
+        embedded, weight_ptr, weight_stride, tokens, in_vocab, ranks, rank, TENSOR_CORES
+    )
+    base = tl.load(
+        row_logits[:, None] + tokens[None, :], mask=row_ok[:, None] & in_vocab[None, :], other=0.0
+    ).to(tl.float32)
     return base + bias, tokens, in_vocab
 
 
 @triton.jit
-def _exact_rows(first_tile, last_tile, row_logits, row_ok, embedded, weight_ptr, weight_stride,
-                vocab, ranks, rank, key, temperature, sampled, BLOCK_R: tl.constexpr,
-                BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                STAGES: tl.constexpr):
+def _exact_rows(
+    first_tile,
+    last_tile,
+    row_logits,
+    row_ok,
+    embedded,
+    weight_ptr,
+    weight_stride,
+    vocab,
+    ranks,
+    rank,
+    key,
+    temperature,
+    sampled,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    STAGES: tl.constexpr,
+):
     """Per row (max, first token of the max) over tiles ``[first_tile, last_tile)`` of
     every token's value: the logit (+0.0 for -0.0) on greedy rows, else
     ``div_rn(logit, T) + g``."""
     best = tl.full([BLOCK_R], float("-inf"), tl.float32)
     first = tl.full([BLOCK_R], _NO_TOKEN, tl.int32)
     for tile in tl.range(first_tile, last_tile, num_stages=STAGES):
-        logits, tokens, in_vocab = _tile_logits(tile, row_logits, row_ok, embedded, weight_ptr,
-                                                weight_stride, vocab, ranks, rank, BLOCK_V,
-                                                LIBDEVICE)
+        logits, tokens, in_vocab = _tile_logits(
+            tile,
+            row_logits,
+            row_ok,
+            embedded,
+            weight_ptr,
+            weight_stride,
+            vocab,
+            ranks,
+            rank,
+            BLOCK_V,
+            LIBDEVICE,
+        )
         value = logits + 0.0
         if SAMPLE:
-            exact = _exact_value(logits, tokens[None, :], key[:, None], temperature[:, None],
-                                 LIBDEVICE)
+            exact = _exact_value(
+                logits, tokens[None, :], key[:, None], temperature[:, None], LIBDEVICE
+            )
             value = tl.where(sampled[:, None], exact, value)
         tile_best, tile_first = _rows_argmax_tokens(
-            tl.where(in_vocab[None, :], value, float("-inf")), tokens[None, :])
+            tl.where(in_vocab[None, :], value, float("-inf")), tokens[None, :]
+        )
         best, first = _merge(best, first, tile_best, tile_first)
     return best, first
 
@@ -147,8 +206,8 @@ def _gumbel_fast(bits, LIBDEVICE: tl.constexpr):
     """``_gumbel_exact(bits)`` to within ``NOISE_ERROR_LIMIT`` (``gumbel_fast_error``):
     hardware ``lg2.approx`` on CUDA, and near ``u = 1`` the series of ``-ln u``."""
     one_to_two = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + k / 2**23
-    uniform = one_to_two - (1.0 - 1.0 / 16777216.0)                       # exact
-    below_one = 1.0 - uniform                              # exact where the series is used
+    uniform = one_to_two - (1.0 - 1.0 / 16777216.0)  # exact
+    below_one = 1.0 - uniform  # exact where the series is used
     # -log2(u) = (x + x**2/2 + x**3/3 + ...) / ln 2 for x = 1 - u
     series = below_one * (1.0 / _LN2 + below_one * (0.5 / _LN2 + below_one * (1.0 / 3.0 / _LN2)))
     if LIBDEVICE:
@@ -166,16 +225,31 @@ def _within(value):
     """The largest ``exact`` a token whose filter value is ``value`` can have (-inf
     stays -inf)."""
     finite = tl.where(value == float("-inf"), 0.0, value)
-    return tl.where(value == float("-inf"), value,
-                    finite + _FAST_ABS + _REL * tl.abs(finite))
+    return tl.where(value == float("-inf"), value, finite + _FAST_ABS + _REL * tl.abs(finite))
 
 
 @triton.jit
-def _filtered_rows(first_tile, last_tile, row_logits, row_ok, embedded, weight_ptr,
-                   weight_stride, vocab, ranks, rank, key, temperature, sampled,
-                   BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, LIBDEVICE: tl.constexpr,
-                   STAGES: tl.constexpr, WOBBLE_DOWN: tl.constexpr,
-                   WOBBLE_UP: tl.constexpr):
+def _filtered_rows(
+    first_tile,
+    last_tile,
+    row_logits,
+    row_ok,
+    embedded,
+    weight_ptr,
+    weight_stride,
+    vocab,
+    ranks,
+    rank,
+    key,
+    temperature,
+    sampled,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    STAGES: tl.constexpr,
+    WOBBLE_DOWN: tl.constexpr,
+    WOBBLE_UP: tl.constexpr,
+):
     """``_exact_rows`` for SAMPLE, with ``exact`` only where the filter needs it.
 
     Each token gets ``fast = logit * div_rn(1, T) + _gumbel_fast``, within
@@ -192,15 +266,27 @@ def _filtered_rows(first_tile, last_tile, row_logits, row_ok, embedded, weight_p
     within the slack gives the same tokens. Returns (best, first, rescanned rows)."""
     top = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
     # a lane with no finite value keeps its first token
-    top_token = tl.zeros([BLOCK_R, BLOCK_V], tl.int32) + (first_tile * BLOCK_V
-                                                          + tl.arange(0, BLOCK_V))[None, :]
+    top_token = (
+        tl.zeros([BLOCK_R, BLOCK_V], tl.int32)
+        + (first_tile * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
+    )
     top_logit = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
     second = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
     inverse_temperature = tl.math.div_rn(1.0, temperature)
     for tile in tl.range(first_tile, last_tile, num_stages=STAGES):
-        logits, tokens, in_vocab = _tile_logits(tile, row_logits, row_ok, embedded, weight_ptr,
-                                                weight_stride, vocab, ranks, rank, BLOCK_V,
-                                                LIBDEVICE)
+        logits, tokens, in_vocab = _tile_logits(
+            tile,
+            row_logits,
+            row_ok,
+            embedded,
+            weight_ptr,
+            weight_stride,
+            vocab,
+            ranks,
+            rank,
+            BLOCK_V,
+            LIBDEVICE,
+        )
         bits = _noise_bits(key[:, None], tokens[None, :])
         fast = logits * inverse_temperature[:, None] + _gumbel_fast(bits, LIBDEVICE)
         if (WOBBLE_DOWN != 0.0) | (WOBBLE_UP != 0.0):
@@ -217,22 +303,40 @@ def _filtered_rows(first_tile, last_tile, row_logits, row_ok, embedded, weight_p
     is_pivot = top_token == pivot[:, None]
     pivot_logit = tl.sum(tl.where(is_pivot, top_logit, 0.0), axis=1)
     # a best of -inf is a -inf logit or past the vocabulary: exact is -inf
-    best = tl.where(sampled & (pivot_value != float("-inf")),
-                    _exact_value(pivot_logit, pivot, key, temperature, LIBDEVICE), pivot_value)
+    best = tl.where(
+        sampled & (pivot_value != float("-inf")),
+        _exact_value(pivot_logit, pivot, key, temperature, LIBDEVICE),
+        pivot_value,
+    )
     first = pivot
     others = sampled[:, None] & ~is_pivot & (_within(top) >= best[:, None])
     if tl.max(tl.max(others.to(tl.int32), axis=1), axis=0) > 0:
-        exact = _exact_value(top_logit, top_token, key[:, None], temperature[:, None],
-                             LIBDEVICE)
+        exact = _exact_value(top_logit, top_token, key[:, None], temperature[:, None], LIBDEVICE)
         exact = tl.where(sampled[:, None] & (top != float("-inf")), exact, top)
         best, first = _rows_argmax_tokens(exact, top_token)
     reach = tl.max(_within(second), axis=1)
     rescan = sampled & ((tl.abs(best) >= _FINITE_LIMIT) | (reach >= best))
     if tl.max(rescan.to(tl.int32), axis=0) > 0:
-        exact_best, exact_first = _exact_rows(first_tile, last_tile, row_logits, row_ok,
-                                              embedded, weight_ptr, weight_stride, vocab, ranks,
-                                              rank, key, temperature, sampled, BLOCK_R, BLOCK_V,
-                                              True, LIBDEVICE, STAGES)
+        exact_best, exact_first = _exact_rows(
+            first_tile,
+            last_tile,
+            row_logits,
+            row_ok,
+            embedded,
+            weight_ptr,
+            weight_stride,
+            vocab,
+            ranks,
+            rank,
+            key,
+            temperature,
+            sampled,
+            BLOCK_R,
+            BLOCK_V,
+            True,
+            LIBDEVICE,
+            STAGES,
+        )
         best = tl.where(rescan, exact_best, best)
         first = tl.where(rescan, exact_first, first)
     return best, first, rescan
@@ -240,7 +344,7 @@ def _filtered_rows(first_tile, last_tile, row_logits, row_ok, embedded, weight_p
 
 @triton.jit
 def _noise_error_kernel(error_ptr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
-    draws = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)      # the 23 bits u is made of
+    draws = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # the 23 bits u is made of
     bits = draws.to(tl.uint32) << 9
     error = tl.abs(_gumbel_fast(bits, LIBDEVICE) - _gumbel_exact(bits, LIBDEVICE))
     tl.store(error_ptr + tl.program_id(0), tl.max(error, axis=0))
@@ -252,8 +356,9 @@ def gumbel_fast_error(device: Union[str, torch.device] = "cuda") -> float:
     it is a property of the device's ``lg2.approx``."""
     block = 1 << 14
     errors = torch.empty((1 << 23) // block, dtype=torch.float32, device=device)
-    _noise_error_kernel[(errors.numel(),)](errors, LIBDEVICE=errors.device.type == "cuda",
-                                           BLOCK=block)
+    _noise_error_kernel[(errors.numel(),)](
+        errors, LIBDEVICE=errors.device.type == "cuda", BLOCK=block
+    )
     return float(errors.max())
 
 
@@ -266,13 +371,36 @@ def _rows_argmax_tokens(value, token):
 
 
 @triton.jit(do_not_specialize=["step"])
-def _head_step_kernel(base_ptr, base_stride, embed_ptr, embed_stride, weight_ptr,
-                      weight_stride, prev_ptr, temp_ptr, seed_ptr, pos_ptr, step, best_ptr,
-                      count_ptr, token_ptr, rescan_ptr, num_rows, vocab, rank,
-                      tiles_per_program, SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                      FILTER: tl.constexpr, STAGES: tl.constexpr,
-                      WOBBLE_DOWN: tl.constexpr, WOBBLE_UP: tl.constexpr):
+def _head_step_kernel(
+    base_ptr,
+    base_stride,
+    embed_ptr,
+    embed_stride,
+    weight_ptr,
+    weight_stride,
+    prev_ptr,
+    temp_ptr,
+    seed_ptr,
+    pos_ptr,
+    step,
+    best_ptr,
+    count_ptr,
+    token_ptr,
+    rescan_ptr,
+    num_rows,
+    vocab,
+    rank,
+    tiles_per_program,
+    SAMPLE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FILTER: tl.constexpr,
+    STAGES: tl.constexpr,
+    WOBBLE_DOWN: tl.constexpr,
+    WOBBLE_UP: tl.constexpr,
+):
     """Program (row block, part): rows ``[block * BLOCK_R, ...)`` over the tiles
     ``[part * tiles_per_program, ...)``; see the module docstring. Without FILTER every
     token of a sampled row gets ``exact``; else ``_filtered_rows`` (FILTER), which counts the
@@ -291,21 +419,56 @@ def _head_step_kernel(base_ptr, base_stride, embed_ptr, embed_stride, weight_ptr
         temperature = tl.load(temp_ptr + rows, mask=row_ok, other=0.0)
         sampled = temperature != 0.0
         temperature = tl.where(sampled, temperature, 1.0)
-        key = _row_key(tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.int64),
-                       tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64) + step)
+        key = _row_key(
+            tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.int64),
+            tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64) + step,
+        )
     first_tile = tl.program_id(1) * tiles_per_program
     last_tile = tl.minimum(first_tile + tiles_per_program, tl.cdiv(vocab, BLOCK_V))
     if SAMPLE and FILTER:
-        best, first, rescan = _filtered_rows(first_tile, last_tile, row_logits, row_ok,
-                                             embedded, weight_ptr, weight_stride, vocab, ranks,
-                                             rank, key, temperature, sampled, BLOCK_R, BLOCK_V,
-                                             LIBDEVICE, STAGES, WOBBLE_DOWN, WOBBLE_UP)
+        best, first, rescan = _filtered_rows(
+            first_tile,
+            last_tile,
+            row_logits,
+            row_ok,
+            embedded,
+            weight_ptr,
+            weight_stride,
+            vocab,
+            ranks,
+            rank,
+            key,
+            temperature,
+            sampled,
+            BLOCK_R,
+            BLOCK_V,
+            LIBDEVICE,
+            STAGES,
+            WOBBLE_DOWN,
+            WOBBLE_UP,
+        )
         tl.atomic_add(rescan_ptr, tl.sum((rescan & row_ok).to(tl.int32), axis=0), sem="relaxed")
     else:
-        best, first = _exact_rows(first_tile, last_tile, row_logits, row_ok, embedded,
-                                  weight_ptr, weight_stride, vocab, ranks, rank, key,
-                                  temperature, sampled, BLOCK_R, BLOCK_V, SAMPLE, LIBDEVICE,
-                                  STAGES)
+        best, first = _exact_rows(
+            first_tile,
+            last_tile,
+            row_logits,
+            row_ok,
+            embedded,
+            weight_ptr,
+            weight_stride,
+            vocab,
+            ranks,
+            rank,
+            key,
+            temperature,
+            sampled,
+            BLOCK_R,
+            BLOCK_V,
+            SAMPLE,
+            LIBDEVICE,
+            STAGES,
+        )
     packed = _order_key(best, first)
     tl.atomic_max(best_ptr + rows, packed, mask=row_ok, sem="relaxed")
     # acq_rel: the last arrival sees every program's atomic_max of these rows
@@ -315,19 +478,36 @@ def _head_step_kernel(base_ptr, base_stride, embed_ptr, embed_stride, weight_ptr
 
 
 @triton.jit
-def _head_bias_kernel(embed_ptr, embed_stride, weight_ptr, weight_stride, prev_ptr, out_ptr,
-                      out_stride, num_rows, vocab, rank, TENSOR_CORES: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+def _head_bias_kernel(
+    embed_ptr,
+    embed_stride,
+    weight_ptr,
+    weight_stride,
+    prev_ptr,
+    out_ptr,
+    out_stride,
+    num_rows,
+    vocab,
+    rank,
+    TENSOR_CORES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < num_rows
     ranks = tl.arange(0, BLOCK_K)
     embedded = _embedded_rows(embed_ptr, embed_stride, prev_ptr, rows, row_ok, ranks, rank)
     tokens = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     in_vocab = tokens < vocab
-    bias = _tile_bias(embedded, weight_ptr, weight_stride, tokens, in_vocab, ranks, rank,
-                      TENSOR_CORES)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + tokens[None, :],
-             bias.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & in_vocab[None, :])
+    bias = _tile_bias(
+        embedded, weight_ptr, weight_stride, tokens, in_vocab, ranks, rank, TENSOR_CORES
+    )
+    tl.store(
+        out_ptr + rows[:, None].to(tl.int64) * out_stride + tokens[None, :],
+        bias.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & in_vocab[None, :],
+    )
 
 
 def in_kernel_head(embed: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -340,12 +520,15 @@ def _kernel_factors(embed: torch.Tensor, weight: torch.Tensor, device: torch.dev
     """``(embed, weight)`` contiguous for the kernel; ``ValueError`` where it does not
     take them (``in_kernel_head``) or they are not on ``device``."""
     if not in_kernel_head(embed, weight):
-        raise ValueError(f"the Markov head factors are {embed.dtype} (embed) and "
-                         f"{weight.dtype} (weight): the in-kernel head needs both float16 or "
-                         f"both bfloat16")
+        raise ValueError(
+            f"the Markov head factors are {embed.dtype} (embed) and "
+            f"{weight.dtype} (weight): the in-kernel head needs both float16 or "
+            f"both bfloat16"
+        )
     if embed.device != device or weight.device != device:
-        raise ValueError(f"markov_head is on {weight.device}: expected {device}, where "
-                         f"base_logits are")
+        raise ValueError(
+            f"markov_head is on {weight.device}: expected {device}, where base_logits are"
+        )
     return embed.contiguous(), weight.contiguous()
 
 
@@ -354,9 +537,11 @@ def _head_weights(markov_head: nn.Module):
     (``DSparkMarkovHead.low_rank_factors``); ``ValueError`` naming what is not."""
     factors = getattr(markov_head, "low_rank_factors", None)
     if factors is None:
-        raise ValueError(f"markov_head is a {type(markov_head).__name__}: the in-kernel head "
-                         f"needs a DSparkMarkovHead (low_rank_factors()); use "
-                         f"sample_sequential_triton for any other module")
+        raise ValueError(
+            f"markov_head is a {type(markov_head).__name__}: the in-kernel head "
+            f"needs a DSparkMarkovHead (low_rank_factors()); use "
+            f"sample_sequential_triton for any other module"
+        )
     return factors()
 
 
@@ -368,8 +553,9 @@ def _block_r(num_rows: int) -> int:
     return min(BLOCK_R, max(16, triton.next_power_of_2(num_rows)))
 
 
-def markov_head_bias_triton(markov_head: nn.Module, prev: torch.Tensor,
-                            block_v: int = BLOCK_V) -> torch.Tensor:
+def markov_head_bias_triton(
+    markov_head: nn.Module, prev: torch.Tensor, block_v: int = BLOCK_V
+) -> torch.Tensor:
     """The bias ``[R, V]`` (the head's dtype) that ``sample_sequential_head_triton``
     adds for tokens ``prev [R]``: compare it with ``markov_head(prev)`` to know whether
     the tokens are bit-identical to ``sample_sequential``'s on this device."""
@@ -381,16 +567,32 @@ def markov_head_bias_triton(markov_head: nn.Module, prev: torch.Tensor,
         return out
     block_r = _block_r(num_rows)
     grid = (triton.cdiv(num_rows, block_r), triton.cdiv(vocab, block_v))
-    _head_bias_kernel[grid](embed, embed.stride(0), weight, weight.stride(0),
-                            prev.contiguous(), out, out.stride(0), num_rows, vocab, rank,
-                            TENSOR_CORES=prev.device.type == "cuda", BLOCK_R=block_r,
-                            BLOCK_V=block_v, BLOCK_K=_block_k(rank))
+    _head_bias_kernel[grid](
+        embed,
+        embed.stride(0),
+        weight,
+        weight.stride(0),
+        prev.contiguous(),
+        out,
+        out.stride(0),
+        num_rows,
+        vocab,
+        rank,
+        TENSOR_CORES=prev.device.type == "cuda",
+        BLOCK_R=block_r,
+        BLOCK_V=block_v,
+        BLOCK_K=_block_k(rank),
+    )
     return out
 
 
 def _check_block_v(block_v) -> None:
-    if not isinstance(block_v, int) or isinstance(block_v, bool) or block_v < 16 \
-            or block_v & (block_v - 1):
+    if (
+        not isinstance(block_v, int)
+        or isinstance(block_v, bool)
+        or block_v < 16
+        or block_v & (block_v - 1)
+    ):
         raise ValueError(f"block_v={block_v!r} is invalid: expected a power of two >= 16")
 
 
@@ -403,44 +605,62 @@ def _check_launch(block_v, tiles_per_program, num_warps, num_stages) -> None:
         raise ValueError(f"num_warps={num_warps!r} is invalid: expected 4 or 8")
 
 
-def sample_sequential_head_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                                  markov_head: nn.Module, temperature: Union[float, torch.Tensor],
-                                  seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                                  **knobs) -> torch.Tensor:
+def sample_sequential_head_triton(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    markov_head: nn.Module,
+    temperature: Union[float, torch.Tensor],
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    **knobs,
+) -> torch.Tensor:
     """``sample_sequential`` with the ``DSparkMarkovHead``'s bias computed in one kernel
     per step (module docstring, also for when the tokens are bit-identical): the head's
     ``low_rank_factors()`` through ``sample_sequential_factors_triton`` (``knobs``: its
     launch knobs). ``[R, N]`` int64 tokens, no host synchronisation."""
     embed, weight = _head_weights(markov_head)
-    return sample_sequential_factors_triton(base_logits, anchor_tokens, embed, weight,
-                                            temperature, seeds, positions, **knobs)
+    return sample_sequential_factors_triton(
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions, **knobs
+    )
 
 
-def markov_head_sample_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                              embed: torch.Tensor, weight: torch.Tensor,
-                              temperature: torch.Tensor, seeds: torch.Tensor,
-                              positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+def markov_head_sample_triton(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    embed: torch.Tensor,
+    weight: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """``dspark::markov_head_sample`` on CUDA: this kernel for float16 or bfloat16 factors
     (``in_kernel_head``), else the torch reference ``markov_head_sample_ref``."""
     if in_kernel_head(embed, weight):
-        return sample_sequential_factors_triton(base_logits, anchor_tokens, embed, weight,
-                                                temperature, seeds, positions)
-    return markov_head_sample_ref(base_logits, anchor_tokens, embed, weight, temperature, seeds,
-                                  positions)
+        return sample_sequential_factors_triton(
+            base_logits, anchor_tokens, embed, weight, temperature, seeds, positions
+        )
+    return markov_head_sample_ref(
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions
+    )
 
 
-def sample_sequential_factors_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                                     embed: torch.Tensor, weight: torch.Tensor,
-                                     temperature: Union[float, torch.Tensor],
-                                     seeds: torch.Tensor,
-                                     positions: Optional[torch.Tensor] = None,
-                                     *, block_v: int = BLOCK_V,
-                                     tiles_per_program: int = TILES_PER_PROGRAM,
-                                     num_warps: int = NUM_WARPS,
-                                     num_stages: int = NUM_STAGES, filter_upper: bool = True,
-                                     rescans: Optional[torch.Tensor] = None,
-                                     _fast_wobble: tuple[float, float] = (0.0, 0.0)
-                                     ) -> torch.Tensor:
+def sample_sequential_factors_triton(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    embed: torch.Tensor,
+    weight: torch.Tensor,
+    temperature: Union[float, torch.Tensor],
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    *,
+    block_v: int = BLOCK_V,
+    tiles_per_program: int = TILES_PER_PROGRAM,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+    filter_upper: bool = True,
+    rescans: Optional[torch.Tensor] = None,
+    _fast_wobble: tuple[float, float] = (0.0, 0.0),
+) -> torch.Tensor:
     """``markov_head_sample_ref`` for the low-rank head ``(embed [V, r], weight [V, r])``,
     both float16 or both bfloat16, with its bias computed in one kernel per step (module
     docstring); ``[R, N]`` int64 tokens, no host synchronisation.
@@ -457,7 +677,8 @@ def sample_sequential_factors_triton(base_logits: torch.Tensor, anchor_tokens: t
     if not isinstance(filter_upper, bool):
         raise ValueError(f"filter_upper={filter_upper!r} is invalid: expected True or False")
     temperature, positions, greedy_only = check_head_sampling_args(
-        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions)
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions
+    )
     num_reqs, num_steps, vocab = base_logits.shape
     device = base_logits.device
     embed, weight = _kernel_factors(embed, weight, device)
@@ -467,27 +688,53 @@ def sample_sequential_factors_triton(base_logits: torch.Tensor, anchor_tokens: t
     block_r = _block_r(num_reqs)
     row_blocks = triton.cdiv(num_reqs, block_r)
     grid = (row_blocks, triton.cdiv(triton.cdiv(vocab, block_v), tiles_per_program))
-    packed = torch.full((num_steps, num_reqs), torch.iinfo(torch.int64).min, dtype=torch.int64,
-                        device=device)
+    packed = torch.full(
+        (num_steps, num_reqs), torch.iinfo(torch.int64).min, dtype=torch.int64, device=device
+    )
     arrivals = torch.zeros((num_steps, row_blocks), dtype=torch.int32, device=device)
     tokens = torch.empty((num_steps, num_reqs), dtype=torch.int64, device=device)
     prev = anchor_tokens.to(device=device, dtype=torch.int64).contiguous()
     if rescans is None:
         rescans = torch.zeros(1, dtype=torch.int32, device=device)
     elif rescans.dtype != torch.int32 or rescans.numel() != 1 or rescans.device != device:
-        raise ValueError(f"rescans is {rescans.dtype} {tuple(rescans.shape)} on "
-                         f"{rescans.device}: expected int32 [1] on {device}")
-    step_views = zip(base_logits.unbind(1), packed.unbind(0), arrivals.unbind(0),
-                     tokens.unbind(0))                       # host: one call per tensor
+        raise ValueError(
+            f"rescans is {rescans.dtype} {tuple(rescans.shape)} on "
+            f"{rescans.device}: expected int32 [1] on {device}"
+        )
+    step_views = zip(
+        base_logits.unbind(1), packed.unbind(0), arrivals.unbind(0), tokens.unbind(0)
+    )  # host: one call per tensor
     for step, (step_base, step_best, step_arrivals, step_tokens) in enumerate(step_views):
         _head_step_kernel[grid](
-            step_base, base_logits.stride(0), embed, embed.stride(0), weight, weight.stride(0),
-            prev, temperature, seeds, positions, step, step_best, step_arrivals, step_tokens,
-            rescans, num_reqs, vocab, weight.shape[1], tiles_per_program,
-            SAMPLE=not greedy_only, LIBDEVICE=device.type == "cuda", BLOCK_R=block_r,
-            BLOCK_V=block_v, BLOCK_K=_block_k(weight.shape[1]), FILTER=filter_upper,
-            STAGES=num_stages, WOBBLE_DOWN=float(_fast_wobble[0]),
+            step_base,
+            base_logits.stride(0),
+            embed,
+            embed.stride(0),
+            weight,
+            weight.stride(0),
+            prev,
+            temperature,
+            seeds,
+            positions,
+            step,
+            step_best,
+            step_arrivals,
+            step_tokens,
+            rescans,
+            num_reqs,
+            vocab,
+            weight.shape[1],
+            tiles_per_program,
+            SAMPLE=not greedy_only,
+            LIBDEVICE=device.type == "cuda",
+            BLOCK_R=block_r,
+            BLOCK_V=block_v,
+            BLOCK_K=_block_k(weight.shape[1]),
+            FILTER=filter_upper,
+            STAGES=num_stages,
+            WOBBLE_DOWN=float(_fast_wobble[0]),
             WOBBLE_UP=float(_fast_wobble[1]),
-            num_warps=num_warps)
+            num_warps=num_warps,
+        )
         prev = step_tokens
     return tokens.t().contiguous()

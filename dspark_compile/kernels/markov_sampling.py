@@ -44,10 +44,12 @@ def noise_bits(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) ->
     ``h = mix(mix(mix(seed_lo ^ mix(seed_hi)) ^ position) + token)`` (32-bit
     ``lowbias32`` mixes). ``seeds``, ``positions``: ``[R]`` ints."""
     seeds = seeds.to(torch.int64)
-    key = torch.bitwise_xor(torch.bitwise_and(seeds, _MASK32),
-                            _mix32(torch.bitwise_and(seeds >> 32, _MASK32)))
-    key = _mix32(torch.bitwise_xor(_mix32(key), torch.bitwise_and(positions.to(torch.int64),
-                                                                   _MASK32)))
+    key = torch.bitwise_xor(
+        torch.bitwise_and(seeds, _MASK32), _mix32(torch.bitwise_and(seeds >> 32, _MASK32))
+    )
+    key = _mix32(
+        torch.bitwise_xor(_mix32(key), torch.bitwise_and(positions.to(torch.int64), _MASK32))
+    )
     tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     return _mix32(torch.bitwise_and(key.unsqueeze(1) + tokens.unsqueeze(0), _MASK32))
 
@@ -65,9 +67,14 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     return gumbel_from_bits(noise_bits(seeds, positions, vocab_size))
 
 
-def sample_with_bias(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, bias: Bias,
-                     temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
-                     positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+def sample_with_bias(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    bias: Bias,
+    temperature: Union[float, torch.Tensor],
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Sample a draft block left to right, ``bias(prev [R] int64) -> [R, V]`` the Markov
     bias of the previous tokens; arguments and result as ``sample_sequential``'s
     (``models.markov_sampling``): ``[R, N]`` int64 tokens, no host synchronisation."""
@@ -75,9 +82,15 @@ def sample_with_bias(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, bia
     return _sample_steps(base_logits, anchor_tokens, bias, seeds, *checked)
 
 
-def _sample_steps(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, bias: Bias,
-                  seeds: torch.Tensor, temperature: torch.Tensor, positions: torch.Tensor,
-                  greedy_only: bool) -> torch.Tensor:
+def _sample_steps(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    bias: Bias,
+    seeds: torch.Tensor,
+    temperature: torch.Tensor,
+    positions: torch.Tensor,
+    greedy_only: bool,
+) -> torch.Tensor:
     """The sampling loop on checked arguments (``check_sampling_args``'s results)."""
     num_reqs, num_steps, vocab = base_logits.shape
     temperature = temperature.unsqueeze(1)
@@ -106,17 +119,29 @@ def low_rank_bias(prev: torch.Tensor, embed: torch.Tensor, weight: torch.Tensor)
     return F.linear(F.embedding(prev, embed), weight)
 
 
-def markov_head_sample_ref(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                           embed: torch.Tensor, weight: torch.Tensor,
-                           temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
-                           positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+def markov_head_sample_ref(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    embed: torch.Tensor,
+    weight: torch.Tensor,
+    temperature: Union[float, torch.Tensor],
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """``sample_with_bias`` with the low-rank head ``(embed [V, r], weight [V, r])``
     (``low_rank_bias``): the reference of ``dspark::markov_head_sample``. On CPU a
     temperature tensor of zeros skips the noise, as a float 0 does (no host sync there)."""
     temperature, positions, greedy_only = check_head_sampling_args(
-        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions)
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions
+    )
     if base_logits.device.type == "cpu" and not greedy_only:
         greedy_only = not bool(temperature.any())
-    return _sample_steps(base_logits, anchor_tokens,
-                         lambda prev: low_rank_bias(prev, embed, weight), seeds, temperature,
-                         positions, greedy_only)
+    return _sample_steps(
+        base_logits,
+        anchor_tokens,
+        lambda prev: low_rank_bias(prev, embed, weight),
+        seeds,
+        temperature,
+        positions,
+        greedy_only,
+    )

@@ -53,19 +53,19 @@ from triton.language.extra import libdevice
 
 from dspark_compile.kernels.sampling_args import check_sampling_args, kernel_sampling_inputs
 
-BLOCK_V = 2048              # H200 sweeps (benchmarks/results/2026-12-01-h200-session11.md)
+BLOCK_V = 2048  # H200 sweeps (benchmarks/results/2026-12-01-h200-session11.md)
 NUM_WARPS = 8
-NUM_STAGES = 4              # whole blocks whose loads are in flight (software-pipelined)
+NUM_STAGES = 4  # whole blocks whose loads are in flight (software-pipelined)
 MAX_CANDIDATES = 8
-BLOCKS_PER_PROGRAM = 16         # rows that sample (fewer, longer programs: faster there)
-GREEDY_BLOCKS_PER_PROGRAM = 8   # calls whose temperature is the number 0
+BLOCKS_PER_PROGRAM = 16  # rows that sample (fewer, longer programs: faster there)
+GREEDY_BLOCKS_PER_PROGRAM = 8  # calls whose temperature is the number 0
 _NO_TOKEN = tl.constexpr(2147483647)
 _LN2 = tl.constexpr(0.6931471805599453)
-NOISE_SHORTFALL_LIMIT = 2.0 ** -16          # gumbel_upper_error()'s shortfall stays below
+NOISE_SHORTFALL_LIMIT = 2.0**-16  # gumbel_upper_error()'s shortfall stays below
 UPPER_ABS_SLACK = 16 * NOISE_SHORTFALL_LIMIT  # exact <= upper + this + _REL * |upper|
 _ABS = tl.constexpr(UPPER_ABS_SLACK)
-_REL = tl.constexpr(2.0 ** -19)
-_FINITE_LIMIT = tl.constexpr(2.0 ** 100)
+_REL = tl.constexpr(2.0**-19)
+_FINITE_LIMIT = tl.constexpr(2.0**100)
 
 
 @triton.jit
@@ -108,8 +108,8 @@ def _gumbel_upper(bits):
     ``127 - bits(x) / 2**23 = -(e + f) >= -log2 x`` for ``x = 2**e * (1 + f)``.
     In the Gumbel tail (x small) it exceeds ``g`` by at most ``0.06 + x``."""
     one_to_two = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + k / 2**23
-    below_one = (2.0 - one_to_two) - 1.0 / 16777216.0     # 1 - u = (2**24 - 2k - 1) / 2**24
-    neg_log2_scaled = 0x3F800000 - below_one.to(tl.int32, bitcast=True)   # (-e - f) * 2**23
+    below_one = (2.0 - one_to_two) - 1.0 / 16777216.0  # 1 - u = (2**24 - 2k - 1) / 2**24
+    neg_log2_scaled = 0x3F800000 - below_one.to(tl.int32, bitcast=True)  # (-e - f) * 2**23
     return neg_log2_scaled.to(tl.float32) * (_LN2 / 8388608.0)
 
 
@@ -123,8 +123,9 @@ def _block_argmax(value, tokens):
 @triton.jit
 def _exact_value(logit, token, key, temperature, LIBDEVICE: tl.constexpr):
     """``div_rn(logit, T) + noise`` as the reference computes it; -0.0 made +0.0."""
-    return (tl.math.div_rn(logit, temperature)
-            + _gumbel_exact(_noise_bits(key, token), LIBDEVICE) + 0.0)
+    return (
+        tl.math.div_rn(logit, temperature) + _gumbel_exact(_noise_bits(key, token), LIBDEVICE) + 0.0
+    )
 
 
 @triton.jit
@@ -142,34 +143,46 @@ def _exact_at(row_logits, row_bias, token, key, temperature, LIBDEVICE: tl.const
 
 
 @triton.jit
-def _candidates_argmax(candidate, tokens, best, first, row_logits, row_bias, key, temperature,
-                       LIBDEVICE: tl.constexpr):
+def _candidates_argmax(
+    candidate, tokens, best, first, row_logits, row_bias, key, temperature, LIBDEVICE: tl.constexpr
+):
     """(max, first token of the max) of (best, first) and ``exact`` over the candidates,
     taken one at a time in index order."""
     token = tl.min(tl.where(candidate, tokens, _NO_TOKEN), axis=0)
     while token < _NO_TOKEN:
-        best, first = _merge(best, first,
-                             _exact_at(row_logits, row_bias, token, key, temperature, LIBDEVICE),
-                             token)
+        best, first = _merge(
+            best, first, _exact_at(row_logits, row_bias, token, key, temperature, LIBDEVICE), token
+        )
         token = tl.min(tl.where(candidate & (tokens > token), tokens, _NO_TOKEN), axis=0)
     return best, first
 
 
 @triton.jit
-def _exact_span_argmax(row_logits, row_bias, start, stop, key, temperature,
-                       BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _exact_span_argmax(
+    row_logits,
+    row_bias,
+    start,
+    stop,
+    key,
+    temperature,
+    BLOCK: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
     """(max, first token of the max) of every token's ``exact`` in ``[start, stop)``."""
     best = tl.full([], float("-inf"), tl.float32)
     first = tl.full([], _NO_TOKEN, tl.int32)
     for block_start in range(start, stop, BLOCK):
         tokens = block_start + tl.arange(0, BLOCK)
         in_vocab = tokens < stop
-        logits = (tl.load(row_logits + tokens, mask=in_vocab, other=0.0).to(tl.float32)
-                  + tl.load(row_bias + tokens, mask=in_vocab, other=0.0).to(tl.float32))
+        logits = tl.load(row_logits + tokens, mask=in_vocab, other=0.0).to(tl.float32) + tl.load(
+            row_bias + tokens, mask=in_vocab, other=0.0
+        ).to(tl.float32)
         exact = tl.math.div_rn(logits, temperature) + _gumbel_exact(
-            _noise_bits(key, tokens), LIBDEVICE)
+            _noise_bits(key, tokens), LIBDEVICE
+        )
         block_best, block_first = _block_argmax(
-            tl.where(in_vocab, exact + 0.0, float("-inf")), tokens)
+            tl.where(in_vocab, exact + 0.0, float("-inf")), tokens
+        )
         best, first = _merge(best, first, block_best, block_first)
     return best, first
 
@@ -196,9 +209,21 @@ def _key_token(key):
 
 
 @triton.jit
-def _sampled_lanes_key(top, top_token, top_logit, second, row_logits, row_bias, start, stop,
-                       key, temperature, BLOCK: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
-                       LIBDEVICE: tl.constexpr):
+def _sampled_lanes_key(
+    top,
+    top_token,
+    top_logit,
+    second,
+    row_logits,
+    row_bias,
+    start,
+    stop,
+    key,
+    temperature,
+    BLOCK: tl.constexpr,
+    MAX_CANDIDATES: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
     """The program's ``_order_key`` of (max, first token of the max) of ``exact``, from
     each lane's best ``upper`` (``top``, at ``top_token``, whose logit is ``top_logit``)
     and second best (``second``).
@@ -228,21 +253,43 @@ def _sampled_lanes_key(top, top_token, top_logit, second, row_logits, row_bias, 
         if pivot_alone:
             result = _order_key(pivot_value, pivot)
         else:
-            best, first = _candidates_argmax(candidate & (top_token != pivot), top_token,
-                                             pivot_value, pivot, row_logits, row_bias, key,
-                                             temperature, LIBDEVICE)
+            best, first = _candidates_argmax(
+                candidate & (top_token != pivot),
+                top_token,
+                pivot_value,
+                pivot,
+                row_logits,
+                row_bias,
+                key,
+                temperature,
+                LIBDEVICE,
+            )
             result = _order_key(best, first)
     else:
-        best, first = _exact_span_argmax(row_logits, row_bias, start, stop, key, temperature,
-                                         BLOCK, LIBDEVICE)
+        best, first = _exact_span_argmax(
+            row_logits, row_bias, start, stop, key, temperature, BLOCK, LIBDEVICE
+        )
         result = _order_key(best, first)
     return result
 
 
 @triton.jit
-def _fold_block(top, top_token, top_logit, second, logits, tokens, stop, key,
-                inverse_temperature, sampled, SAMPLE: tl.constexpr, MASKED: tl.constexpr,
-                WOBBLE_DOWN: tl.constexpr, WOBBLE_UP: tl.constexpr):
+def _fold_block(
+    top,
+    top_token,
+    top_logit,
+    second,
+    logits,
+    tokens,
+    stop,
+    key,
+    inverse_temperature,
+    sampled,
+    SAMPLE: tl.constexpr,
+    MASKED: tl.constexpr,
+    WOBBLE_DOWN: tl.constexpr,
+    WOBBLE_UP: tl.constexpr,
+):
     """Each lane's state after one more token: ``value`` is ``upper`` on sampled rows,
     else the logit (+0.0 for -0.0); -inf off the vocabulary. Strict ``>``: a lane keeps
     its first maximum."""
@@ -268,41 +315,97 @@ def _fold_block(top, top_token, top_logit, second, logits, tokens, stop, key,
 
 
 @triton.jit
-def _scan_lanes(row_logits, row_bias, start, stop, key, inverse_temperature, sampled,
-                SAMPLE: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-                WOBBLE_DOWN: tl.constexpr, WOBBLE_UP: tl.constexpr):
+def _scan_lanes(
+    row_logits,
+    row_bias,
+    start,
+    stop,
+    key,
+    inverse_temperature,
+    sampled,
+    SAMPLE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STAGES: tl.constexpr,
+    WOBBLE_DOWN: tl.constexpr,
+    WOBBLE_UP: tl.constexpr,
+):
     """Lane state (best value, its first token, its logit, second best) over tokens
     ``[start, stop)``: whole blocks unmasked, their loads software-pipelined STAGES deep
     (asynchronous copies through shared memory on CUDA), then a masked partial block."""
     top = tl.full([BLOCK], float("-inf"), tl.float32)
-    top_token = start + tl.arange(0, BLOCK)     # a lane with no finite value keeps its first
+    top_token = start + tl.arange(0, BLOCK)  # a lane with no finite value keeps its first
     top_logit = tl.zeros([BLOCK], tl.float32)
     second = tl.full([BLOCK], float("-inf"), tl.float32)
     whole = (stop - start) // BLOCK
     for block in tl.range(0, whole, num_stages=STAGES):
         tokens = start + block * BLOCK + tl.arange(0, BLOCK)
-        logits = (tl.load(row_logits + tokens).to(tl.float32)
-                  + tl.load(row_bias + tokens).to(tl.float32))
+        logits = tl.load(row_logits + tokens).to(tl.float32) + tl.load(row_bias + tokens).to(
+            tl.float32
+        )
         top, top_token, top_logit, second = _fold_block(
-            top, top_token, top_logit, second, logits, tokens, stop, key,
-            inverse_temperature, sampled, SAMPLE, False, WOBBLE_DOWN, WOBBLE_UP)
+            top,
+            top_token,
+            top_logit,
+            second,
+            logits,
+            tokens,
+            stop,
+            key,
+            inverse_temperature,
+            sampled,
+            SAMPLE,
+            False,
+            WOBBLE_DOWN,
+            WOBBLE_UP,
+        )
     tokens = start + whole * BLOCK + tl.arange(0, BLOCK)
     if start + whole * BLOCK < stop:
         in_vocab = tokens < stop
-        logits = (tl.load(row_logits + tokens, mask=in_vocab, other=0.0).to(tl.float32)
-                  + tl.load(row_bias + tokens, mask=in_vocab, other=0.0).to(tl.float32))
+        logits = tl.load(row_logits + tokens, mask=in_vocab, other=0.0).to(tl.float32) + tl.load(
+            row_bias + tokens, mask=in_vocab, other=0.0
+        ).to(tl.float32)
         top, top_token, top_logit, second = _fold_block(
-            top, top_token, top_logit, second, logits, tokens, stop, key,
-            inverse_temperature, sampled, SAMPLE, True, WOBBLE_DOWN, WOBBLE_UP)
+            top,
+            top_token,
+            top_logit,
+            second,
+            logits,
+            tokens,
+            stop,
+            key,
+            inverse_temperature,
+            sampled,
+            SAMPLE,
+            True,
+            WOBBLE_DOWN,
+            WOBBLE_UP,
+        )
     return top, top_token, top_logit, second
 
 
 @triton.jit(do_not_specialize=["step"])
-def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, seed_ptr,
-                        pos_ptr, step, best_ptr, count_ptr, token_ptr, vocab, span,
-                        SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr,
-                        MAX_CANDIDATES: tl.constexpr, STAGES: tl.constexpr,
-                        WOBBLE_DOWN: tl.constexpr, WOBBLE_UP: tl.constexpr):
+def _markov_step_kernel(
+    base_ptr,
+    base_stride,
+    bias_ptr,
+    bias_stride,
+    temp_ptr,
+    seed_ptr,
+    pos_ptr,
+    step,
+    best_ptr,
+    count_ptr,
+    token_ptr,
+    vocab,
+    span,
+    SAMPLE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MAX_CANDIDATES: tl.constexpr,
+    STAGES: tl.constexpr,
+    WOBBLE_DOWN: tl.constexpr,
+    WOBBLE_UP: tl.constexpr,
+):
     """Program (row, part) reduces tokens ``[part * span, min((part + 1) * span, vocab))``
     in blocks of BLOCK, then merges its (value, token) into the row's.
 
@@ -326,16 +429,40 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
         temperature = tl.load(temp_ptr + row)
         sampled = temperature != 0.0
         inverse_temperature = tl.math.div_rn(1.0, temperature)
-        key = _row_key(tl.load(seed_ptr + row).to(tl.int64),
-                       tl.load(pos_ptr + row).to(tl.int64) + step)
+        key = _row_key(
+            tl.load(seed_ptr + row).to(tl.int64), tl.load(pos_ptr + row).to(tl.int64) + step
+        )
     top, top_token, top_logit, second = _scan_lanes(
-        row_logits, row_bias, start, stop, key, inverse_temperature, sampled, SAMPLE, BLOCK,
-        STAGES, WOBBLE_DOWN, WOBBLE_UP)
+        row_logits,
+        row_bias,
+        start,
+        stop,
+        key,
+        inverse_temperature,
+        sampled,
+        SAMPLE,
+        BLOCK,
+        STAGES,
+        WOBBLE_DOWN,
+        WOBBLE_UP,
+    )
     if SAMPLE:
         if sampled:
-            packed = _sampled_lanes_key(top, top_token, top_logit, second, row_logits,
-                                        row_bias, start, stop, key, temperature, BLOCK,
-                                        MAX_CANDIDATES, LIBDEVICE)
+            packed = _sampled_lanes_key(
+                top,
+                top_token,
+                top_logit,
+                second,
+                row_logits,
+                row_bias,
+                start,
+                stop,
+                key,
+                temperature,
+                BLOCK,
+                MAX_CANDIDATES,
+                LIBDEVICE,
+            )
         else:
             packed = tl.max(_order_key(top, top_token), axis=0)
     else:
@@ -343,24 +470,26 @@ def _markov_step_kernel(base_ptr, base_stride, bias_ptr, bias_stride, temp_ptr, 
     tl.atomic_max(best_ptr + row, packed, sem="relaxed")
     # acq_rel: the last arrival sees every program's atomic_max of this row
     if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == tl.num_programs(1) - 1:
-        winner = tl.atomic_max(best_ptr + row, packed, sem="relaxed")   # the row's final key
+        winner = tl.atomic_max(best_ptr + row, packed, sem="relaxed")  # the row's final key
         tl.store(token_ptr + row, _key_token(winner))
 
 
 @triton.jit
-def _noise_bound_kernel(out_ptr, TAIL: tl.constexpr, LIBDEVICE: tl.constexpr,
-                        BLOCK: tl.constexpr):
-    draws = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)      # the 23 bits u is made of
+def _noise_bound_kernel(out_ptr, TAIL: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    draws = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # the 23 bits u is made of
     bits = draws.to(tl.uint32) << 9
     exact = _gumbel_exact(bits, LIBDEVICE)
     excess = _gumbel_upper(bits) - exact
     tl.store(out_ptr + 2 * tl.program_id(0), tl.max(-excess, axis=0))
-    tl.store(out_ptr + 2 * tl.program_id(0) + 1,
-             tl.max(tl.where(exact > TAIL, excess, float("-inf")), axis=0))
+    tl.store(
+        out_ptr + 2 * tl.program_id(0) + 1,
+        tl.max(tl.where(exact > TAIL, excess, float("-inf")), axis=0),
+    )
 
 
-def gumbel_upper_error(device: Union[str, torch.device] = "cuda",
-                       tail: float = 4.0) -> tuple[float, float]:
+def gumbel_upper_error(
+    device: Union[str, torch.device] = "cuda", tail: float = 4.0
+) -> tuple[float, float]:
     """``(shortfall, tail_excess)`` of ``g_upper`` over all 2**23 noise inputs, as
     compiled for ``device``: the largest ``g_exact - g_upper`` (negative: the bound
     holds with room to spare), and the largest ``g_upper - g_exact`` where
@@ -372,20 +501,28 @@ def gumbel_upper_error(device: Union[str, torch.device] = "cuda",
     """
     block = 1 << 14
     out = torch.empty(((1 << 23) // block, 2), dtype=torch.float32, device=device)
-    _noise_bound_kernel[(out.shape[0],)](out, TAIL=float(tail),
-                                         LIBDEVICE=out.device.type == "cuda", BLOCK=block)
+    _noise_bound_kernel[(out.shape[0],)](
+        out, TAIL=float(tail), LIBDEVICE=out.device.type == "cuda", BLOCK=block
+    )
     shortfall, tail_excess = out.max(dim=0).values.tolist()
     return shortfall, tail_excess
 
 
-def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                             markov_head: nn.Module, temperature: Union[float, torch.Tensor],
-                             seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                             *, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
-                             max_candidates: int = MAX_CANDIDATES,
-                             blocks_per_program: Optional[int] = None,
-                             num_stages: int = NUM_STAGES,
-                             _bound_wobble: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
+def sample_sequential_triton(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    markov_head: nn.Module,
+    temperature: Union[float, torch.Tensor],
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    *,
+    block_v: int = BLOCK_V,
+    num_warps: int = NUM_WARPS,
+    max_candidates: int = MAX_CANDIDATES,
+    blocks_per_program: Optional[int] = None,
+    num_stages: int = NUM_STAGES,
+    _bound_wobble: tuple[float, float] = (0.0, 0.0),
+) -> torch.Tensor:
     """``sample_sequential`` with one fused kernel per step; ``[R, N]`` int64 tokens.
 
     Launch knobs (the tokens do not depend on them): ``block_v`` (a power of
@@ -402,18 +539,25 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
         raise ValueError(f"block_v={block_v!r} is invalid: expected a power of two >= 128")
     if num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps={num_warps!r} is invalid: expected 1, 2, 4, 8 or 16")
-    if not isinstance(max_candidates, int) or isinstance(max_candidates, bool) \
-            or max_candidates < 0:
+    if (
+        not isinstance(max_candidates, int)
+        or isinstance(max_candidates, bool)
+        or max_candidates < 0
+    ):
         raise ValueError(f"max_candidates={max_candidates!r} is invalid: expected an int >= 0")
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
         raise ValueError(f"num_stages={num_stages!r} is invalid: expected an int >= 1")
     if blocks_per_program is not None and (
-            not isinstance(blocks_per_program, int) or isinstance(blocks_per_program, bool)
-            or blocks_per_program < 1):
-        raise ValueError(f"blocks_per_program={blocks_per_program!r} is invalid: expected an "
-                         f"int >= 1 or None")
-    temperature, positions, greedy_only = check_sampling_args(base_logits, anchor_tokens,
-                                                              temperature, seeds, positions)
+        not isinstance(blocks_per_program, int)
+        or isinstance(blocks_per_program, bool)
+        or blocks_per_program < 1
+    ):
+        raise ValueError(
+            f"blocks_per_program={blocks_per_program!r} is invalid: expected an int >= 1 or None"
+        )
+    temperature, positions, greedy_only = check_sampling_args(
+        base_logits, anchor_tokens, temperature, seeds, positions
+    )
     if blocks_per_program is None:
         blocks_per_program = GREEDY_BLOCKS_PER_PROGRAM if greedy_only else BLOCKS_PER_PROGRAM
     num_reqs, num_steps, vocab = base_logits.shape
@@ -421,26 +565,46 @@ def sample_sequential_triton(base_logits: torch.Tensor, anchor_tokens: torch.Ten
     if num_steps == 0 or num_reqs == 0:
         return torch.empty((num_reqs, num_steps), dtype=torch.int64, device=device)
     base_logits, seeds, positions = kernel_sampling_inputs(base_logits, seeds, positions)
-    packed = torch.full((num_steps, num_reqs), torch.iinfo(torch.int64).min, dtype=torch.int64,
-                        device=device)
+    packed = torch.full(
+        (num_steps, num_reqs), torch.iinfo(torch.int64).min, dtype=torch.int64, device=device
+    )
     arrivals = torch.zeros((num_steps, num_reqs), dtype=torch.int32, device=device)
     tokens = torch.empty((num_steps, num_reqs), dtype=torch.int64, device=device)
     prev = anchor_tokens.to(torch.int64)
     span = block_v * blocks_per_program
     grid = (num_reqs, triton.cdiv(vocab, span))
-    step_views = zip(base_logits.unbind(1), packed.unbind(0), arrivals.unbind(0),
-                     tokens.unbind(0))                       # host: one call per tensor
+    step_views = zip(
+        base_logits.unbind(1), packed.unbind(0), arrivals.unbind(0), tokens.unbind(0)
+    )  # host: one call per tensor
     for step, (step_base, step_best, step_arrivals, step_tokens) in enumerate(step_views):
         bias = markov_head(prev)
         if tuple(bias.shape) != (num_reqs, vocab):
-            raise ValueError(f"markov_head returned shape {tuple(bias.shape)}: expected "
-                             f"[{num_reqs}, {vocab}]")
+            raise ValueError(
+                f"markov_head returned shape {tuple(bias.shape)}: expected [{num_reqs}, {vocab}]"
+            )
         bias = bias if bias.stride(1) == 1 else bias.contiguous()
         _markov_step_kernel[grid](
-            step_base, base_logits.stride(0), bias, bias.stride(0), temperature,
-            seeds, positions, step, step_best, step_arrivals, step_tokens, vocab, span,
-            SAMPLE=not greedy_only, LIBDEVICE=device.type == "cuda", BLOCK=block_v,
-            MAX_CANDIDATES=max_candidates, STAGES=num_stages, WOBBLE_DOWN=float(_bound_wobble[0]),
-            WOBBLE_UP=float(_bound_wobble[1]), num_warps=num_warps)
+            step_base,
+            base_logits.stride(0),
+            bias,
+            bias.stride(0),
+            temperature,
+            seeds,
+            positions,
+            step,
+            step_best,
+            step_arrivals,
+            step_tokens,
+            vocab,
+            span,
+            SAMPLE=not greedy_only,
+            LIBDEVICE=device.type == "cuda",
+            BLOCK=block_v,
+            MAX_CANDIDATES=max_candidates,
+            STAGES=num_stages,
+            WOBBLE_DOWN=float(_bound_wobble[0]),
+            WOBBLE_UP=float(_bound_wobble[1]),
+            num_warps=num_warps,
+        )
         prev = step_tokens
     return tokens.t().contiguous()

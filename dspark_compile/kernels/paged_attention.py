@@ -60,11 +60,13 @@ def paged_attention_ref(
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(
-            f"query has {num_heads} heads, not a multiple of the cache's {num_kv_heads}")
+            f"query has {num_heads} heads, not a multiple of the cache's {num_kv_heads}"
+        )
     check_window_args(window_size, future_offset, sink_size)
     group = num_heads // num_kv_heads
-    out = torch.zeros(num_tokens, num_heads, value_cache.shape[-1],
-                      dtype=torch.float32, device=query.device)
+    out = torch.zeros(
+        num_tokens, num_heads, value_cache.shape[-1], dtype=torch.float32, device=query.device
+    )
     lens = seq_lens.tolist()
     locs = query_start_loc.tolist()
     starts = [0] * len(lens) if kv_start is None else kv_start.tolist()
@@ -76,16 +78,18 @@ def paged_attention_ref(
             continue
         num_blocks = -(-seq_len // block_size)
         if num_blocks > block_table.shape[1]:
-            raise ValueError(f"seq_lens[{i}]={seq_len} is invalid: it needs {num_blocks} "
-                             f"blocks of {block_size}, the block table has "
-                             f"{block_table.shape[1]} columns")
+            raise ValueError(
+                f"seq_lens[{i}]={seq_len} is invalid: it needs {num_blocks} "
+                f"blocks of {block_size}, the block table has "
+                f"{block_table.shape[1]} columns"
+            )
         blocks = block_table[i, :num_blocks].long()
-        k = key_cache[blocks].flatten(0, 1)[:seq_len].float()        # [S, Hkv, D]
+        k = key_cache[blocks].flatten(0, 1)[:seq_len].float()  # [S, Hkv, D]
         v = value_cache[blocks].flatten(0, 1)[:seq_len].float()
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1)        # [Hq, S, D]
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, S, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-        q = query[q_begin:q_end].float().transpose(0, 1)             # [Hq, q_len, D]
-        scores = torch.matmul(q, k.transpose(1, 2)) * scale          # [Hq, q_len, S]
+        q = query[q_begin:q_end].float().transpose(0, 1)  # [Hq, q_len, D]
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, q_len, S]
         kv_pos = torch.arange(seq_len, device=query.device)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
         visible = (kv_pos >= starts[i]).unsqueeze(0).expand(q_len, seq_len)
@@ -96,40 +100,56 @@ def paged_attention_ref(
             offset = torch.tensor(offsets[i], device=query.device)
             key_abs = table_token_positions(kv_pos, offset, sink_size, block_size)
             query_abs = table_token_positions(anchor, offset, sink_size, block_size)
-            visible = visible & key_visible(key_abs.unsqueeze(0), query_abs.unsqueeze(1),
-                                            window_size, block_size, future_offset, sink_size)
+            visible = visible & key_visible(
+                key_abs.unsqueeze(0),
+                query_abs.unsqueeze(1),
+                window_size,
+                block_size,
+                future_offset,
+                sink_size,
+            )
         scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)       # all-masked rows -> 0
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows -> 0
         out[q_begin:q_end] = torch.matmul(probs, v).transpose(0, 1)
     return out.to(query.dtype)
 
 
-def window_lower_bound(position: torch.Tensor, window_size: int, block_size: int,
-                       future_offset: int = 0) -> torch.Tensor:
+def window_lower_bound(
+    position: torch.Tensor, window_size: int, block_size: int, future_offset: int = 0
+) -> torch.Tensor:
     """``lo(p) = floor(max(p + 1 + K - W, 0) / b) * b``: the first key a query at
     absolute position p may see (block aligned; elementwise on int tensors)."""
     shifted = torch.clamp(position + (1 + future_offset - window_size), min=0)
     return torch.div(shifted, block_size, rounding_mode="floor") * block_size
 
 
-def check_window_args(window_size: Optional[int], future_offset: int,
-                      sink_size: int = 0) -> None:
+def check_window_args(window_size: Optional[int], future_offset: int, sink_size: int = 0) -> None:
     """ValueError unless ``window_size`` is None or a positive int, ``future_offset``
     an int in ``[0, window_size)`` (0 without a window) and ``sink_size`` an int
     >= 0 (0 without a window)."""
-    if window_size is not None and (not isinstance(window_size, int)
-                                    or isinstance(window_size, bool) or window_size <= 0):
-        raise ValueError(f"window_size={window_size!r} is invalid: expected None or a "
-                         "positive int")
+    if window_size is not None and (
+        not isinstance(window_size, int) or isinstance(window_size, bool) or window_size <= 0
+    ):
+        raise ValueError(f"window_size={window_size!r} is invalid: expected None or a positive int")
     limit = window_size if window_size is not None else 1
-    if not isinstance(future_offset, int) or isinstance(future_offset, bool) or \
-            not 0 <= future_offset < limit:
-        raise ValueError(f"future_offset={future_offset!r} is invalid: expected an int in "
-                         f"[0, {limit}) (0 without a window_size)")
-    if not isinstance(sink_size, int) or isinstance(sink_size, bool) or sink_size < 0 or \
-            (sink_size and window_size is None):
-        raise ValueError(f"sink_size={sink_size!r} is invalid: expected an int >= 0 "
-                         "(0 without a window_size)")
+    if (
+        not isinstance(future_offset, int)
+        or isinstance(future_offset, bool)
+        or not 0 <= future_offset < limit
+    ):
+        raise ValueError(
+            f"future_offset={future_offset!r} is invalid: expected an int in "
+            f"[0, {limit}) (0 without a window_size)"
+        )
+    if (
+        not isinstance(sink_size, int)
+        or isinstance(sink_size, bool)
+        or sink_size < 0
+        or (sink_size and window_size is None)
+    ):
+        raise ValueError(
+            f"sink_size={sink_size!r} is invalid: expected an int >= 0 (0 without a window_size)"
+        )
 
 
 def reshape_and_cache_ref(
@@ -150,4 +170,3 @@ def reshape_and_cache_ref(
     blocks, offsets = slots // block_size, slots % block_size
     key_cache[blocks, offsets] = key[keep].to(key_cache.dtype)
     value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
-

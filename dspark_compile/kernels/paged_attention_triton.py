@@ -87,12 +87,32 @@ def _find_request(qsl_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr, EXACT_TILES: t
 
 @triton.jit
 def _attend_range(
-    q, q_pos, lo, m_i, l_i, acc, n_begin, n_end,
-    table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0, v_stride1,
-    d, d_valid, scale_log2,
-    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOWED: tl.constexpr, SINK_TOKENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    q,
+    q_pos,
+    lo,
+    m_i,
+    l_i,
+    acc,
+    n_begin,
+    n_end,
+    table_row,
+    table_stride1,
+    k_head,
+    k_stride0,
+    k_stride1,
+    v_head,
+    v_stride0,
+    v_stride1,
+    d,
+    d_valid,
+    scale_log2,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SINK_TOKENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
 ):
     """Online-softmax update of (m_i, l_i, acc) with the table tokens
     ``[n_begin, n_end)``: a query row sees token t if t <= its table position
@@ -100,31 +120,37 @@ def _attend_range(
     for n0 in range(n_begin, n_end, BLOCK_N):
         kv = n0 + tl.arange(0, BLOCK_N)
         kv_valid = kv < n_end
-        blocks = tl.load(table_row + (kv // BLOCK_SIZE) * table_stride1, mask=kv_valid,
-                         other=0).to(tl.int64)
+        blocks = tl.load(table_row + (kv // BLOCK_SIZE) * table_stride1, mask=kv_valid, other=0).to(
+            tl.int64
+        )
         offsets = kv % BLOCK_SIZE
-        k = tl.load(k_head + blocks[None, :] * k_stride0 + offsets[None, :] * k_stride1
-                    + d[:, None], mask=kv_valid[None, :] & d_valid[:, None], other=0.0)
+        k = tl.load(
+            k_head + blocks[None, :] * k_stride0 + offsets[None, :] * k_stride1 + d[:, None],
+            mask=kv_valid[None, :] & d_valid[:, None],
+            other=0.0,
+        )
         if UPCAST_DOT:
             k = k.to(tl.float32)
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2   # [M, N]
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [M, N]
         visible = kv_valid[None, :]
         if CAUSAL:
             visible = visible & (kv[None, :] <= q_pos[:, None])
         if WINDOWED:
             if SINK_TOKENS > 0:
-                visible = visible & ((kv[None, :] >= lo[:, None])
-                                     | (kv[None, :] < SINK_TOKENS))
+                visible = visible & ((kv[None, :] >= lo[:, None]) | (kv[None, :] < SINK_TOKENS))
             else:
                 visible = visible & (kv[None, :] >= lo[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # all masked so far: no NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: no NaN
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1
-                    + d[None, :], mask=kv_valid[:, None] & d_valid[None, :], other=0.0)
+        v = tl.load(
+            v_head + blocks[:, None] * v_stride0 + offsets[:, None] * v_stride1 + d[None, :],
+            mask=kv_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
         if UPCAST_DOT:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -134,26 +160,57 @@ def _attend_range(
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, q_stride0, q_stride1,
-    k_ptr, k_stride0, k_stride1, k_stride2,
-    v_ptr, v_stride0, v_stride1, v_stride2,
-    table_ptr, table_stride0, table_stride1,
-    seq_lens_ptr, qsl_ptr, num_reqs,
-    out_ptr, out_stride0, out_stride1,
-    part_ptr, lse_ptr,
-    scale_log2, tokens_per_split, num_splits,
-    offset_ptr, window_size, future_offset,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT_KV: tl.constexpr,
-    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_OFFSET: tl.constexpr,
-    SINK_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    EXACT_TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, WINDOW_SPLITS: tl.constexpr,
+    q_ptr,
+    q_stride0,
+    q_stride1,
+    k_ptr,
+    k_stride0,
+    k_stride1,
+    k_stride2,
+    v_ptr,
+    v_stride0,
+    v_stride1,
+    v_stride2,
+    table_ptr,
+    table_stride0,
+    table_stride1,
+    seq_lens_ptr,
+    qsl_ptr,
+    num_reqs,
+    out_ptr,
+    out_stride0,
+    out_stride1,
+    part_ptr,
+    lse_ptr,
+    scale_log2,
+    tokens_per_split,
+    num_splits,
+    offset_ptr,
+    window_size,
+    future_offset,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    HAS_OFFSET: tl.constexpr,
+    SINK_TOKENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    EXACT_TILES: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
+    WINDOW_SPLITS: tl.constexpr,
 ):
     if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
         kv_head = tl.program_id(0)
         tile = tl.program_id(1)
-    else:            # grid (tile, KV head, split)
+    else:  # grid (tile, KV head, split)
         tile = tl.program_id(0)
         kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -180,15 +237,18 @@ def _paged_attention_kernel(
         return
 
     rows = tl.arange(0, BLOCK_M)
-    q_idx = local_tile * BLOCK_Q + rows // GROUP             # query index within the request
+    q_idx = local_tile * BLOCK_Q + rows // GROUP  # query index within the request
     head = kv_head * GROUP + rows % GROUP
     row_valid = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
     token = (q_begin + q_idx).to(tl.int64)
-    q_pos = seq_len - q_len + q_idx                          # absolute position (may be < 0)
+    q_pos = seq_len - q_len + q_idx  # absolute position (may be < 0)
     d = tl.arange(0, BLOCK_D)
     d_valid = d < HEAD_DIM
-    q = tl.load(q_ptr + token[:, None] * q_stride0 + head[:, None] * q_stride1 + d[None, :],
-                mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + token[:, None] * q_stride0 + head[:, None] * q_stride1 + d[None, :],
+        mask=row_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
@@ -205,10 +265,10 @@ def _paged_attention_kernel(
         if HAS_OFFSET:
             shift = tl.load(offset_ptr + req)
         if CAUSAL:
-            anchor = q_pos                                   # each query's own position
+            anchor = q_pos  # each query's own position
             first_anchor = seq_len - q_len + local_tile * BLOCK_Q
         else:
-            anchor = tl.zeros([BLOCK_M], tl.int32) + (seq_len - 1)   # the request's last
+            anchor = tl.zeros([BLOCK_M], tl.int32) + (seq_len - 1)  # the request's last
             first_anchor = seq_len - 1
         if SINK_TOKENS > 0 and HAS_OFFSET:
             kept = tl.minimum(shift, SINK_TOKENS)
@@ -216,19 +276,27 @@ def _paged_attention_kernel(
             # anchors inside the kept sinks sit at their own table position
             anchor = tl.where(anchor < kept, anchor - shift, anchor)
             first_anchor = tl.where(first_anchor < kept, first_anchor - shift, first_anchor)
-        lo = (tl.maximum(shift + anchor + 1 + future_offset - window_size, 0)
-              // BLOCK_SIZE * BLOCK_SIZE - shift)
+        lo = (
+            tl.maximum(shift + anchor + 1 + future_offset - window_size, 0)
+            // BLOCK_SIZE
+            * BLOCK_SIZE
+            - shift
+        )
         # lo never decreases with the position: the tile's first query bounds them all
         kv_begin = tl.maximum(
             tl.maximum(shift + first_anchor + 1 + future_offset - window_size, 0)
-            // BLOCK_SIZE * BLOCK_SIZE - shift, 0)
+            // BLOCK_SIZE
+            * BLOCK_SIZE
+            - shift,
+            0,
+        )
     if WINDOW_SPLITS:  # full table, window applied here: splits cut [kv_begin, kv_end)
         split_begin = kv_begin + split * tokens_per_split
         split_end = tl.minimum(split_begin + tokens_per_split, kv_end)
         sink_begin = 0
         if SINK_TOKENS > 0:  # all sinks below the window go to split 0
             sink_end = tl.where(split == 0, tl.minimum(SINK_TOKENS, kv_begin), 0)
-    else:              # splits cut the table's columns [0, width * b)
+    else:  # splits cut the table's columns [0, width * b)
         split_begin = tl.maximum(split * tokens_per_split, kv_begin)
         split_end = tl.minimum(split * tokens_per_split + tokens_per_split, kv_end)
         sink_begin = split * tokens_per_split
@@ -243,22 +311,71 @@ def _paged_attention_kernel(
     v_head = v_ptr + kv_head.to(tl.int64) * v_stride2
     if SINK_TOKENS > 0:  # the sinks below the tile's window: a second, disjoint range
         m_i, l_i, acc = _attend_range(
-            q, q_pos, lo, m_i, l_i, acc, sink_begin, sink_end,
-            table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0,
-            v_stride1, d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED,
-            SINK_TOKENS, DOT_PRECISION, UPCAST_DOT)
+            q,
+            q_pos,
+            lo,
+            m_i,
+            l_i,
+            acc,
+            sink_begin,
+            sink_end,
+            table_row,
+            table_stride1,
+            k_head,
+            k_stride0,
+            k_stride1,
+            v_head,
+            v_stride0,
+            v_stride1,
+            d,
+            d_valid,
+            scale_log2,
+            BLOCK_N,
+            BLOCK_SIZE,
+            CAUSAL,
+            WINDOWED,
+            SINK_TOKENS,
+            DOT_PRECISION,
+            UPCAST_DOT,
+        )
     m_i, l_i, acc = _attend_range(
-        q, q_pos, lo, m_i, l_i, acc, split_begin, split_end,
-        table_row, table_stride1, k_head, k_stride0, k_stride1, v_head, v_stride0, v_stride1,
-        d, d_valid, scale_log2, BLOCK_N, BLOCK_SIZE, CAUSAL, WINDOWED, SINK_TOKENS,
-        DOT_PRECISION, UPCAST_DOT)
+        q,
+        q_pos,
+        lo,
+        m_i,
+        l_i,
+        acc,
+        split_begin,
+        split_end,
+        table_row,
+        table_stride1,
+        k_head,
+        k_stride0,
+        k_stride1,
+        v_head,
+        v_stride0,
+        v_stride1,
+        d,
+        d_valid,
+        scale_log2,
+        BLOCK_N,
+        BLOCK_SIZE,
+        CAUSAL,
+        WINDOWED,
+        SINK_TOKENS,
+        DOT_PRECISION,
+        UPCAST_DOT,
+    )
 
     empty = l_i == 0.0
     result = acc / tl.where(empty, 1.0, l_i)[:, None]
     mask = row_valid[:, None] & d_valid[None, :]
     if not SPLIT_KV:
-        tl.store(out_ptr + token[:, None] * out_stride0 + head[:, None] * out_stride1
-                 + d[None, :], result.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            out_ptr + token[:, None] * out_stride0 + head[:, None] * out_stride1 + d[None, :],
+            result.to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
     else:
         slot = (token * NUM_HEADS + head) * num_splits + split
         tl.store(part_ptr + slot[:, None] * HEAD_DIM + d[None, :], result, mask=mask)
@@ -268,8 +385,15 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _combine_splits_kernel(
-    part_ptr, lse_ptr, out_ptr, out_stride0, out_stride1, num_splits,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    out_stride0,
+    out_stride1,
+    num_splits,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
@@ -280,16 +404,22 @@ def _combine_splits_kernel(
     lse = tl.load(lse_ptr + base + s, mask=s_valid, other=float("-inf"))
     m = tl.max(lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m_safe)                                  # 0 for empty splits
+    w = tl.exp2(lse - m_safe)  # 0 for empty splits
     total = tl.sum(w, 0)
     d = tl.arange(0, BLOCK_D)
     d_valid = d < HEAD_DIM
     used = s_valid & (w > 0.0)
-    parts = tl.load(part_ptr + (base + s[:, None]) * HEAD_DIM + d[None, :],
-                    mask=used[:, None] & d_valid[None, :], other=0.0)
+    parts = tl.load(
+        part_ptr + (base + s[:, None]) * HEAD_DIM + d[None, :],
+        mask=used[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     result = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + token * out_stride0 + head * out_stride1 + d,
-             result.to(out_ptr.dtype.element_ty), mask=d_valid)
+    tl.store(
+        out_ptr + token * out_stride0 + head * out_stride1 + d,
+        result.to(out_ptr.dtype.element_ty),
+        mask=d_valid,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,26 +474,38 @@ class TileDefaults:
 # before each tile: `cp.async.wait_group 0`), so the long-table launches use 5.
 # Decode-sized tiles (block_m <= 16: one query x the GQA group) over long tables:
 # BLOCK_N 128 pipelined (188 registers, 137 KiB of shared memory -> 1 program per SM).
-DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=5, resident_per_sm=1,
-                            exact_tiles=True, heads_first=True)
+DECODE_TILES = TileDefaults(
+    block_n=128, num_warps=4, num_stages=5, resident_per_sm=1, exact_tiles=True, heads_first=True
+)
 # Decode tiles over short tables (<= SHORT_TABLE_TOKENS, e.g. a 2048-token draft
 # window): 2 resident programs (188 registers, 72 KiB) beat the pipelined launch
 # there (80 vs 84 us at batch 32): one wave of 256 short programs, each ramping up
 # once. Batch 32 decode runs 1 split (no combine kernel).
-SHORT_DECODE_TILES = TileDefaults(block_n=128, num_warps=4, num_stages=3, resident_per_sm=2,
-                                  exact_tiles=True, heads_first=True)
+SHORT_DECODE_TILES = TileDefaults(
+    block_n=128, num_warps=4, num_stages=3, resident_per_sm=2, exact_tiles=True, heads_first=True
+)
 # Query blocks (block_m >= 32, e.g. 16 non-causal queries x GQA 4 = 64 rows), any
 # table length: BLOCK_N 64 pipelined (221 registers, 113 KiB -> 2 per SM; batch 32
 # at 128k and over a 2048-token window: 1 split).
-BLOCK_TILES = TileDefaults(block_n=64, num_warps=4, num_stages=5, resident_per_sm=2,
-                           exact_tiles=False, heads_first=False)
+BLOCK_TILES = TileDefaults(
+    block_n=64, num_warps=4, num_stages=5, resident_per_sm=2, exact_tiles=False, heads_first=False
+)
 SHORT_BLOCK_TILES = BLOCK_TILES
 SHORT_TABLE_TOKENS = 8192  # measured at 2064 (short) and 32768 / 131072 (long) tokens only
 # Launch knobs a caller (tests, benchmarks/bench_peer_attention.py --configs) may
 # override; None keeps the heuristic's choice. ``programs_per_sm`` selects the
 # earlier split rule (ceil(programs_per_sm x SMs / programs), 16 before tuning).
-LAUNCH_KNOBS = ("num_splits", "block_n", "num_warps", "num_stages", "programs_per_sm",
-                "resident_per_sm", "min_split_tokens", "exact_tiles", "heads_first")
+LAUNCH_KNOBS = (
+    "num_splits",
+    "block_n",
+    "num_warps",
+    "num_stages",
+    "programs_per_sm",
+    "resident_per_sm",
+    "min_split_tokens",
+    "exact_tiles",
+    "heads_first",
+)
 DEFAULT_MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 512
 MIN_WAVE_FILL = 0.9
@@ -382,8 +524,7 @@ def _rounded_splits(max_kv: int, splits: int, block_n: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def wave_fit_splits(programs: int, slots: int, max_kv: int, block_n: int,
-                    max_splits: int) -> int:
+def wave_fit_splits(programs: int, slots: int, max_kv: int, block_n: int, max_splits: int) -> int:
     """Fewest splits (1..max_splits) whose ``splits x programs`` fill their waves of
     ``slots`` resident programs to at least ``MIN_WAVE_FILL``; else the best fill.
 
@@ -403,15 +544,26 @@ def wave_fit_splits(programs: int, slots: int, max_kv: int, block_n: int,
     return best
 
 
-def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
-                  table_width: int, block_size: int, device: torch.device,
-                  num_splits: Optional[int] = None, block_n: Optional[int] = None,
-                  num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                  num_sms: Optional[int] = None, programs_per_sm: Optional[int] = None,
-                  resident_per_sm: Optional[int] = None,
-                  min_split_tokens: Optional[int] = None, exact_tiles: Optional[bool] = None,
-                  heads_first: Optional[bool] = None,
-                  window_tokens: Optional[int] = None) -> LaunchConfig:
+def choose_launch(
+    num_tokens: int,
+    num_reqs: int,
+    num_kv_heads: int,
+    group: int,
+    table_width: int,
+    block_size: int,
+    device: torch.device,
+    num_splits: Optional[int] = None,
+    block_n: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    num_stages: Optional[int] = None,
+    num_sms: Optional[int] = None,
+    programs_per_sm: Optional[int] = None,
+    resident_per_sm: Optional[int] = None,
+    min_split_tokens: Optional[int] = None,
+    exact_tiles: Optional[bool] = None,
+    heads_first: Optional[bool] = None,
+    window_tokens: Optional[int] = None,
+) -> LaunchConfig:
     """Launch shape from tensor SHAPES only (never values): CUDA-graph safe.
 
     Tiles: decode tiles when a query tile has at most 16 rows, else block tiles;
@@ -454,21 +606,38 @@ def choose_launch(num_tokens: int, num_reqs: int, num_kv_heads: int, group: int,
     exact = (tiles.exact_tiles if exact_tiles is None else bool(exact_tiles)) and block_q == 1
     heads = tiles.heads_first if heads_first is None else bool(heads_first)
     grid_tiles = num_tokens if exact else num_tokens // block_q + num_reqs
-    return LaunchConfig(block_q, block_m, block_n, num_splits, tokens_per_split,
-                        num_warps or tiles.num_warps,
-                        num_stages or (tiles.num_stages if on_gpu else 1),
-                        exact_tiles=exact,
-                        heads_first=heads and grid_tiles <= 65535)  # grid y limit
+    return LaunchConfig(
+        block_q,
+        block_m,
+        block_n,
+        num_splits,
+        tokens_per_split,
+        num_warps or tiles.num_warps,
+        num_stages or (tiles.num_stages if on_gpu else 1),
+        exact_tiles=exact,
+        heads_first=heads and grid_tiles <= 65535,
+    )  # grid y limit
 
 
 def paged_attention_triton(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-    block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-    scale: float, causal: bool, out: Optional[torch.Tensor] = None,
-    num_splits: Optional[int] = None, block_n: Optional[int] = None,
-    num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-    kv_offset: Optional[torch.Tensor] = None, window_size: Optional[int] = None,
-    future_offset: int = 0, sink_size: int = 0, **launch,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    causal: bool,
+    out: Optional[torch.Tensor] = None,
+    num_splits: Optional[int] = None,
+    block_n: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    num_stages: Optional[int] = None,
+    kv_offset: Optional[torch.Tensor] = None,
+    window_size: Optional[int] = None,
+    future_offset: int = 0,
+    sink_size: int = 0,
+    **launch,
 ) -> torch.Tensor:
     """``dspark.paged_attention`` semantics (``paged_attention_ref``) in Triton.
 
@@ -500,16 +669,20 @@ def paged_attention_triton(
     _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc)
     check_window_args(window_size, future_offset, sink_size)
     if kv_offset is not None and tuple(kv_offset.shape) != tuple(seq_lens.shape):
-        raise ValueError(f"kv_offset {tuple(kv_offset.shape)} is invalid: expected one offset "
-                         f"per request, {tuple(seq_lens.shape)}")
+        raise ValueError(
+            f"kv_offset {tuple(kv_offset.shape)} is invalid: expected one offset "
+            f"per request, {tuple(seq_lens.shape)}"
+        )
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     elif out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} is invalid: expected query's shape "
-                         f"{tuple(query.shape)} and dtype {query.dtype}, contiguous last dim")
+        raise ValueError(
+            f"out {tuple(out.shape)} {out.dtype} is invalid: expected query's shape "
+            f"{tuple(query.shape)} and dtype {query.dtype}, contiguous last dim"
+        )
     num_reqs = seq_lens.shape[0]
     if num_tokens == 0 or num_reqs == 0:
         return out
@@ -518,14 +691,33 @@ def paged_attention_triton(
     window_splits = window_size is not None and kv_offset is None
 
     def launch_for(tile_n, stages):
-        return choose_launch(num_tokens, num_reqs, num_kv_heads, group, block_table.shape[1],
-                             block_size, query.device, num_splits, tile_n, num_warps, stages,
-                             window_tokens=window_size if window_splits else None, **launch)
+        return choose_launch(
+            num_tokens,
+            num_reqs,
+            num_kv_heads,
+            group,
+            block_table.shape[1],
+            block_size,
+            query.device,
+            num_splits,
+            tile_n,
+            num_warps,
+            stages,
+            window_tokens=window_size if window_splits else None,
+            **launch,
+        )
 
     cfg = launch_for(block_n, num_stages)
-    fit_key = (query.device, query.dtype, head_dim, cfg.block_m, cfg.num_warps, cfg.block_n,
-               cfg.num_stages)
-    if fit_key in _FITTED_SHAPES:    # this shape ran out of resources here before
+    fit_key = (
+        query.device,
+        query.dtype,
+        head_dim,
+        cfg.block_m,
+        cfg.num_warps,
+        cfg.block_n,
+        cfg.num_stages,
+    )
+    if fit_key in _FITTED_SHAPES:  # this shape ran out of resources here before
         cfg = launch_for(*_FITTED_SHAPES[fit_key])
 
     def smaller(tried: LaunchConfig) -> Optional[LaunchConfig]:
@@ -533,10 +725,27 @@ def paged_attention_triton(
         return None if shape is None else launch_for(*shape)
 
     _, fitted = launch_until_it_fits(
-        lambda c: _launch(c, query, key_cache, value_cache, block_table, seq_lens,
-                          query_start_loc, scale, causal, out, kv_offset, window_size,
-                          future_offset, sink_size, window_splits),
-        cfg, smaller, "paged attention")
+        lambda c: _launch(
+            c,
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            scale,
+            causal,
+            out,
+            kv_offset,
+            window_size,
+            future_offset,
+            sink_size,
+            window_splits,
+        ),
+        cfg,
+        smaller,
+        "paged attention",
+    )
     if fitted is not cfg:
         _FITTED_SHAPES[fit_key] = (fitted.block_n, fitted.num_stages)
     return out
@@ -559,47 +768,105 @@ def smaller_tile(block_n: int, num_stages: int) -> Optional[tuple[int, int]]:
     return None
 
 
-def _launch(cfg: LaunchConfig, query, key_cache, value_cache, block_table, seq_lens,
-            query_start_loc, scale, causal, out, kv_offset, window_size, future_offset,
-            sink_size, window_splits) -> None:
+def _launch(
+    cfg: LaunchConfig,
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    seq_lens,
+    query_start_loc,
+    scale,
+    causal,
+    out,
+    kv_offset,
+    window_size,
+    future_offset,
+    sink_size,
+    window_splits,
+) -> None:
     """Launch the attention kernel (and the split combine) with ``cfg`` into ``out``."""
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_reqs = seq_lens.shape[0]
     if cfg.num_splits > 1:
-        parts = torch.empty((num_tokens, num_heads, cfg.num_splits, head_dim),
-                            dtype=torch.float32, device=query.device)
-        lse = torch.empty((num_tokens, num_heads, cfg.num_splits), dtype=torch.float32,
-                          device=query.device)
+        parts = torch.empty(
+            (num_tokens, num_heads, cfg.num_splits, head_dim),
+            dtype=torch.float32,
+            device=query.device,
+        )
+        lse = torch.empty(
+            (num_tokens, num_heads, cfg.num_splits), dtype=torch.float32, device=query.device
+        )
     else:
         parts = lse = out  # unused
     block_d = max(16, triton.next_power_of_2(head_dim))
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     grid = cfg.grid(num_tokens, num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
-        query, query.stride(0), query.stride(1),
-        key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_table, block_table.stride(0), block_table.stride(1),
-        seq_lens, query_start_loc, num_reqs,
-        out, out.stride(0), out.stride(1),
-        parts, lse,
-        float(scale) * _LOG2E, cfg.tokens_per_split, cfg.num_splits,
-        seq_lens if kv_offset is None else kv_offset, window_size or 0, future_offset,
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=num_heads // num_kv_heads,
-        BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_SIZE=block_size, SPLIT_KV=cfg.num_splits > 1, CAUSAL=bool(causal),
-        WINDOWED=window_size is not None, HAS_OFFSET=kv_offset is not None,
+        query,
+        query.stride(0),
+        query.stride(1),
+        key_cache,
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache,
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_table,
+        block_table.stride(0),
+        block_table.stride(1),
+        seq_lens,
+        query_start_loc,
+        num_reqs,
+        out,
+        out.stride(0),
+        out.stride(1),
+        parts,
+        lse,
+        float(scale) * _LOG2E,
+        cfg.tokens_per_split,
+        cfg.num_splits,
+        seq_lens if kv_offset is None else kv_offset,
+        window_size or 0,
+        future_offset,
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_Q=cfg.block_q,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_SIZE=block_size,
+        SPLIT_KV=cfg.num_splits > 1,
+        CAUSAL=bool(causal),
+        WINDOWED=window_size is not None,
+        HAS_OFFSET=kv_offset is not None,
         SINK_TOKENS=sink_tokens(sink_size, block_size),
-        DOT_PRECISION=precision, UPCAST_DOT=_upcast_dot(query), EXACT_TILES=cfg.exact_tiles,
-        HEADS_FIRST=cfg.heads_first, WINDOW_SPLITS=window_splits,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_PRECISION=precision,
+        UPCAST_DOT=_upcast_dot(query),
+        EXACT_TILES=cfg.exact_tiles,
+        HEADS_FIRST=cfg.heads_first,
+        WINDOW_SPLITS=window_splits,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if cfg.num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
-            parts, lse, out, out.stride(0), out.stride(1), cfg.num_splits,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            parts,
+            lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            cfg.num_splits,
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
             BLOCK_S=triton.next_power_of_2(cfg.num_splits),
-            num_warps=4)
+            num_warps=4,
+        )
 
 
 def _upcast_dot(query: torch.Tensor) -> bool:
@@ -611,36 +878,57 @@ def _upcast_dot(query: torch.Tensor) -> bool:
 
 def supports(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
     """Whether the Triton kernel handles these dtypes/shapes (else use the reference)."""
-    return (query.dtype in SUPPORTED_DTYPES and key_cache.dtype == query.dtype
-            and value_cache.dtype == query.dtype and query.dim() == 3
-            and key_cache.shape[-1] == value_cache.shape[-1] == query.shape[-1]
-            and query.stride(2) == 1 and key_cache.stride(3) == 1 and value_cache.stride(3) == 1)
+    return (
+        query.dtype in SUPPORTED_DTYPES
+        and key_cache.dtype == query.dtype
+        and value_cache.dtype == query.dtype
+        and query.dim() == 3
+        and key_cache.shape[-1] == value_cache.shape[-1] == query.shape[-1]
+        and query.stride(2) == 1
+        and key_cache.stride(3) == 1
+        and value_cache.stride(3) == 1
+    )
 
 
 def warn_fallback(description: str) -> None:
     """Log once per input kind that the host-syncing torch reference runs instead."""
-    warn_once(logger, description,
-              "dspark.paged_attention: no Triton kernel for %s; using the torch "
-              "reference (reads lengths on the host: not CUDA-graph capturable)", description)
+    warn_once(
+        logger,
+        description,
+        "dspark.paged_attention: no Triton kernel for %s; using the torch "
+        "reference (reads lengths on the host: not CUDA-graph capturable)",
+        description,
+    )
 
 
 def _check_inputs(query, key_cache, value_cache, block_table, seq_lens, query_start_loc):
     if query.dim() != 3 or key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
-        raise ValueError(f"query {tuple(query.shape)}, key_cache {tuple(key_cache.shape)} and "
-                         f"value_cache {tuple(value_cache.shape)} are invalid: expected "
-                         "[T, Hq, D] and two equal [num_blocks, b, Hkv, D]")
+        raise ValueError(
+            f"query {tuple(query.shape)}, key_cache {tuple(key_cache.shape)} and "
+            f"value_cache {tuple(value_cache.shape)} are invalid: expected "
+            "[T, Hq, D] and two equal [num_blocks, b, Hkv, D]"
+        )
     if query.shape[1] % key_cache.shape[2] or query.shape[2] != key_cache.shape[3]:
-        raise ValueError(f"query has {query.shape[1]} heads of dim {query.shape[2]}: expected a "
-                         f"multiple of the cache's {key_cache.shape[2]} heads of dim "
-                         f"{key_cache.shape[3]}")
+        raise ValueError(
+            f"query has {query.shape[1]} heads of dim {query.shape[2]}: expected a "
+            f"multiple of the cache's {key_cache.shape[2]} heads of dim "
+            f"{key_cache.shape[3]}"
+        )
     if not supports(query, key_cache, value_cache):
-        raise ValueError(f"dtype {query.dtype}/{key_cache.dtype}/{value_cache.dtype} or strides "
-                         f"are invalid: expected one of {SUPPORTED_DTYPES} for all three and a "
-                         "contiguous last dim")
+        raise ValueError(
+            f"dtype {query.dtype}/{key_cache.dtype}/{value_cache.dtype} or strides "
+            f"are invalid: expected one of {SUPPORTED_DTYPES} for all three and a "
+            "contiguous last dim"
+        )
     num_reqs = seq_lens.shape[0]
-    if block_table.dim() != 2 or block_table.shape[0] != num_reqs or \
-            tuple(query_start_loc.shape) != (num_reqs + 1,):
-        raise ValueError(f"block_table {tuple(block_table.shape)}, seq_lens "
-                         f"{tuple(seq_lens.shape)} and query_start_loc "
-                         f"{tuple(query_start_loc.shape)} are invalid: expected [R, width], "
-                         "[R] and [R+1]")
+    if (
+        block_table.dim() != 2
+        or block_table.shape[0] != num_reqs
+        or tuple(query_start_loc.shape) != (num_reqs + 1,)
+    ):
+        raise ValueError(
+            f"block_table {tuple(block_table.shape)}, seq_lens "
+            f"{tuple(seq_lens.shape)} and query_start_loc "
+            f"{tuple(query_start_loc.shape)} are invalid: expected [R, width], "
+            "[R] and [R+1]"
+        )

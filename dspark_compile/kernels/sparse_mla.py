@@ -34,35 +34,47 @@ from dspark_compile.arithmetic.index_width import WIDTH_RULE
 from dspark_compile.validation import check_int
 
 
-def check_index_args(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                     block_table: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                     window_size: int, width: int, sink_size: int = 0) -> None:
+def check_index_args(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    window_size: int,
+    width: int,
+    sink_size: int = 0,
+) -> None:
     """Shapes, dtypes and scalar ranges of the index ops; raises ``ValueError``."""
     check_int("block_size", block_size, 1, allow_symbolic=True)
     check_int("window_size", window_size, 1, allow_symbolic=True)
     check_int("width", width, 1, allow_symbolic=True)
-    check_int("sink_size", sink_size, 0, "a non-negative int (0: no attention sinks)",
-              allow_symbolic=True)
+    check_int(
+        "sink_size", sink_size, 0, "a non-negative int (0: no attention sinks)", allow_symbolic=True
+    )
     num_reqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     for name, tensor, dims, dtypes in (
-            ("seq_lens", seq_lens, 1, (torch.int32,)),
-            ("query_start_loc", query_start_loc, 1, (torch.int32,)),
-            ("block_table", block_table, 2, (torch.int32,)),
-            ("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32))):
+        ("seq_lens", seq_lens, 1, (torch.int32,)),
+        ("query_start_loc", query_start_loc, 1, (torch.int32,)),
+        ("block_table", block_table, 2, (torch.int32,)),
+        ("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32)),
+    ):
         if tensor.dim() != dims or tensor.dtype not in dtypes:
             raise ValueError(
                 f"{name} has shape {tuple(tensor.shape)} and dtype {tensor.dtype}: expected a "
-                f"{dims}-d tensor of {' or '.join(str(d) for d in dtypes)}")
+                f"{dims}-d tensor of {' or '.join(str(d) for d in dtypes)}"
+            )
     if query_start_loc.shape[0] != num_reqs + 1:
-        raise ValueError(f"query_start_loc has {query_start_loc.shape[0]} entries: expected "
-                         f"num_reqs + 1 = {num_reqs + 1} (seq_lens has {num_reqs})")
+        raise ValueError(
+            f"query_start_loc has {query_start_loc.shape[0]} entries: expected "
+            f"num_reqs + 1 = {num_reqs + 1} (seq_lens has {num_reqs})"
+        )
     if block_table.shape[0] != num_reqs:
-        raise ValueError(f"block_table has {block_table.shape[0]} rows: expected one per "
-                         f"request ({num_reqs})")
+        raise ValueError(
+            f"block_table has {block_table.shape[0]} rows: expected one per request ({num_reqs})"
+        )
 
 
-def _token_ranges(seq_lens, query_start_loc, block_table, slot_mapping, window_size,
-                  noncausal):
+def _token_ranges(seq_lens, query_start_loc, block_table, slot_mapping, window_size, noncausal):
     """Per token: request index (clamped), visible ``[lo, hi)`` and validity."""
     num_tokens, num_reqs = slot_mapping.shape[0], seq_lens.shape[0]
     device = slot_mapping.device
@@ -89,31 +101,48 @@ def _token_ranges(seq_lens, query_start_loc, block_table, slot_mapping, window_s
     return req, lo, hi, valid
 
 
-def _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size, window_size,
-               width, noncausal, sink_size=0):
-    check_index_args(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                     window_size, width, sink_size)
-    req, lo, hi, valid = _token_ranges(seq_lens, query_start_loc, block_table, slot_mapping,
-                                       window_size, noncausal)
+def _index_ref(
+    seq_lens,
+    query_start_loc,
+    block_table,
+    slot_mapping,
+    block_size,
+    window_size,
+    width,
+    noncausal,
+    sink_size=0,
+):
+    check_index_args(
+        seq_lens,
+        query_start_loc,
+        block_table,
+        slot_mapping,
+        block_size,
+        window_size,
+        width,
+        sink_size,
+    )
+    req, lo, hi, valid = _token_ranges(
+        seq_lens, query_start_loc, block_table, slot_mapping, window_size, noncausal
+    )
     span = torch.where(valid, hi - lo, torch.zeros_like(hi))
     num_sinks = None
     if sink_size:  # sink_size == 0: exactly the window rows (no extra ops)
-        sink_end = -(-sink_size // block_size) * block_size               # S_b
+        sink_end = -(-sink_size // block_size) * block_size  # S_b
         num_sinks = torch.where(valid, torch.clamp(lo, max=sink_end), torch.zeros_like(lo))
-        span = span + num_sinks                                           # min(S_b, lo) more
+        span = span + num_sinks  # min(S_b, lo) more
     _check_fits(span, width, noncausal)
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0 or block_table.shape[1] == 0:
         return torch.full((num_tokens, width), -1, dtype=torch.int32, device=slot_mapping.device)
     cols = torch.arange(width, device=slot_mapping.device, dtype=torch.int64)
-    pos = lo.unsqueeze(1) + cols.unsqueeze(0)                              # [T, width]
+    pos = lo.unsqueeze(1) + cols.unsqueeze(0)  # [T, width]
     if num_sinks is not None:  # columns [0, num_sinks): positions 0..; then the window
         sinks = num_sinks.unsqueeze(1)
         pos = torch.where(cols.unsqueeze(0) < sinks, cols.unsqueeze(0), pos - sinks)
     block_col = torch.div(pos, block_size, rounding_mode="floor")
-    visible = (valid.unsqueeze(1) & (pos < hi.unsqueeze(1))
-               & (block_col < block_table.shape[1]))
-    rows = block_table.to(torch.int64)[req]                                # [T, max_blocks]
+    visible = valid.unsqueeze(1) & (pos < hi.unsqueeze(1)) & (block_col < block_table.shape[1])
+    rows = block_table.to(torch.int64)[req]  # [T, max_blocks]
     blocks = torch.gather(rows, 1, torch.clamp(block_col, max=block_table.shape[1] - 1))
     slots = blocks * block_size + (pos - block_col * block_size)
     return torch.where(visible, slots, torch.full_like(slots, -1)).to(torch.int32)
@@ -122,8 +151,10 @@ def _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
 def _check_fits(span: torch.Tensor, width: int, noncausal: bool) -> None:
     """A range longer than ``width`` is an error: host check on CPU, device assert on GPU."""
     form = "non-causal block" if noncausal else "causal window"
-    message = (f"a token's {form} (with its attention sinks) is longer than width={width}: "
-               f"widen the index ({WIDTH_RULE})")
+    message = (
+        f"a token's {form} (with its attention sinks) is longer than width={width}: "
+        f"widen the index ({WIDTH_RULE})"
+    )
     if span.numel() == 0:
         return
     if span.device.type == "cpu":
@@ -134,50 +165,95 @@ def _check_fits(span: torch.Tensor, width: int, noncausal: bool) -> None:
         torch._assert_async(torch.all(span <= width), message)
 
 
-def swa_indices_ref(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                    block_table: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                    window_size: int, width: int, sink_size: int = 0) -> torch.Tensor:
+def swa_indices_ref(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    window_size: int,
+    width: int,
+    sink_size: int = 0,
+) -> torch.Tensor:
     """Causal sliding-window KV slot ids ``[T, width]`` int32 (module docstring)."""
-    return _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                      window_size, width, noncausal=False, sink_size=sink_size)
+    return _index_ref(
+        seq_lens,
+        query_start_loc,
+        block_table,
+        slot_mapping,
+        block_size,
+        window_size,
+        width,
+        noncausal=False,
+        sink_size=sink_size,
+    )
 
 
-def noncausal_swa_indices_ref(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                              block_table: torch.Tensor, slot_mapping: torch.Tensor,
-                              block_size: int, window_size: int, width: int,
-                              sink_size: int = 0) -> torch.Tensor:
+def noncausal_swa_indices_ref(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    window_size: int,
+    width: int,
+    sink_size: int = 0,
+) -> torch.Tensor:
     """DSpark non-causal KV slot ids ``[T, width]`` int32 (module docstring)."""
-    return _index_ref(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                      window_size, width, noncausal=True, sink_size=sink_size)
+    return _index_ref(
+        seq_lens,
+        query_start_loc,
+        block_table,
+        slot_mapping,
+        block_size,
+        window_size,
+        width,
+        noncausal=True,
+        sink_size=sink_size,
+    )
 
 
-def check_sparse_mla_args(query: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
-                          kv_lora_rank: int) -> None:
+def check_sparse_mla_args(
+    query: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, kv_lora_rank: int
+) -> None:
     if query.dim() != 3:
         raise ValueError(f"query has shape {tuple(query.shape)}: expected [T, H, L + P]")
     if kv_cache.dim() != 3:
-        raise ValueError(f"kv_cache has shape {tuple(kv_cache.shape)}: expected "
-                         "[num_blocks, block_size, L + P]")
+        raise ValueError(
+            f"kv_cache has shape {tuple(kv_cache.shape)}: expected [num_blocks, block_size, L + P]"
+        )
     if kv_cache.shape[-1] != query.shape[-1]:
-        raise ValueError(f"kv_cache head dim {kv_cache.shape[-1]} != query head dim "
-                         f"{query.shape[-1]}: both are kv_lora_rank + rope_dim")
+        raise ValueError(
+            f"kv_cache head dim {kv_cache.shape[-1]} != query head dim "
+            f"{query.shape[-1]}: both are kv_lora_rank + rope_dim"
+        )
     if indices.dim() != 2 or indices.shape[0] != query.shape[0] or indices.dtype != torch.int32:
-        raise ValueError(f"indices has shape {tuple(indices.shape)} and dtype {indices.dtype}: "
-                         f"expected [{query.shape[0]}, width] int32")
+        raise ValueError(
+            f"indices has shape {tuple(indices.shape)} and dtype {indices.dtype}: "
+            f"expected [{query.shape[0]}, width] int32"
+        )
     check_int("kv_lora_rank", kv_lora_rank, 1, allow_symbolic=True)
     if kv_lora_rank > query.shape[-1]:
-        raise ValueError(f"kv_lora_rank={kv_lora_rank} is invalid: expected at most the head "
-                         f"dim {query.shape[-1]}")
+        raise ValueError(
+            f"kv_lora_rank={kv_lora_rank} is invalid: expected at most the head "
+            f"dim {query.shape[-1]}"
+        )
     if indices.device.type == "cpu" and indices.numel():
         num_slots = kv_cache.shape[0] * kv_cache.shape[1]
         if int(indices.max()) >= num_slots or int(indices.min()) < -1:
-            raise ValueError(f"indices hold slot ids in [{int(indices.min())}, "
-                             f"{int(indices.max())}]: expected -1 or [0, {num_slots})")
+            raise ValueError(
+                f"indices hold slot ids in [{int(indices.min())}, "
+                f"{int(indices.max())}]: expected -1 or [0, {num_slots})"
+            )
 
 
-def sparse_mla_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor,
-                             indices: torch.Tensor, scale: float,
-                             kv_lora_rank: int) -> torch.Tensor:
+def sparse_mla_attention_ref(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int,
+) -> torch.Tensor:
     """Index-driven MLA attention.
 
     ``query [T, H, L+P]``; ``kv_cache [num_blocks, b, L+P]`` viewed as
@@ -191,8 +267,8 @@ def sparse_mla_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor,
     check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])
     valid = indices >= 0
-    kv = flat[torch.clamp(indices, min=0).long()].float()                 # [T, width, D]
-    kv = kv.masked_fill(~valid.unsqueeze(-1), 0.0)    # unlisted rows never reach the output
+    kv = flat[torch.clamp(indices, min=0).long()].float()  # [T, width, D]
+    kv = kv.masked_fill(~valid.unsqueeze(-1), 0.0)  # unlisted rows never reach the output
     scores = torch.einsum("thd,tnd->thn", query.float(), kv) * scale
     scores = scores.masked_fill(~valid.unsqueeze(1), float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
@@ -200,8 +276,9 @@ def sparse_mla_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor,
     return out.to(query.dtype)
 
 
-def mla_cache_write_ref(kv: torch.Tensor, kv_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> None:
+def mla_cache_write_ref(
+    kv: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write latent rows ``kv [T, L+P]`` at absolute slots of ``kv_cache [nb, b, L+P]``, in place.
 
     A negative slot skips its row.

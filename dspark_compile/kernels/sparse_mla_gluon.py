@@ -82,7 +82,12 @@ try:  # Gluon's Hopper API (written against triton 3.6)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
-        async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
     # the CTA-wide barrier: ``thread_barrier`` in triton 3.6, ``barrier`` from 3.8
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAVE_GLUON = True
@@ -108,9 +113,18 @@ _failed: set = set()
 if HAVE_GLUON:
 
     @gluon.jit
-    def _issue_kv_tile(kv_ptr, kv_stride, slot_l, slot_r, kl_buf, kr_buf,
-                       LAT_L: gl.constexpr, ROPE_L: gl.constexpr, LORA: gl.constexpr,
-                       ROPE: gl.constexpr):
+    def _issue_kv_tile(
+        kv_ptr,
+        kv_stride,
+        slot_l,
+        slot_r,
+        kl_buf,
+        kr_buf,
+        LAT_L: gl.constexpr,
+        ROPE_L: gl.constexpr,
+        LORA: gl.constexpr,
+        ROPE: gl.constexpr,
+    ):
         # slot_l: [BLOCK_N] slots in SliceLayout(1, LAT_L); slot_r: same in SliceLayout(1, ROPE_L).
         # Holes / past-the-end columns carry -1: masked, so zero-filled and never read.
         lat = gl.arange(0, LORA, layout=gl.SliceLayout(0, LAT_L))
@@ -131,11 +145,30 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _gluon_sparse_mla_kernel(
-            q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride,
-            out_ptr, out_stride_t, out_stride_h, mixed_ptr, num_tokens, width, qk_scale,
-            LORA: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
-            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SCAN: gl.constexpr,
-            FOLD_MIXED: gl.constexpr, DIAG_NO_LOADS: gl.constexpr):
+        q_ptr,
+        q_stride_t,
+        q_stride_h,
+        kv_ptr,
+        kv_stride,
+        idx_ptr,
+        idx_stride,
+        out_ptr,
+        out_stride_t,
+        out_stride_h,
+        mixed_ptr,
+        num_tokens,
+        width,
+        qk_scale,
+        LORA: gl.constexpr,
+        ROPE: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        GROUP: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+        SCAN: gl.constexpr,
+        FOLD_MIXED: gl.constexpr,
+        DIAG_NO_LOADS: gl.constexpr,
+    ):
         gl.static_assert(STAGES >= 2, "a ring of at least 2 stages")
         BLOCK_M: gl.constexpr = GROUP * BLOCK_H
         NW: gl.constexpr = gl.num_warps()
@@ -149,10 +182,11 @@ if HAVE_GLUON:
         rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
         # both warpgroups split the columns: S [64, 64] as 2 x [64, 32], O as 2 x [64, 256]
         s_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, NW // 4],
-            instr_shape=[16, BLOCK_N // (NW // 4), 16])
+            version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, BLOCK_N // (NW // 4), 16]
+        )
         o_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, LORA // (NW // 4), 16])
+            version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, LORA // (NW // 4), 16]
+        )
         big_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, LORA], dtype)
         small_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], dtype)
         p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
@@ -164,8 +198,9 @@ if HAVE_GLUON:
         kr_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE], kr_sl)
         p_s = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
         # slots of the next tiles to copy (ring of 2 by tile parity), see the main loop
-        idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N],
-                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        idx_s = gl.allocate_shared_memory(
+            gl.int32, [2, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        )
         idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
         sl_lat: gl.constexpr = gl.SliceLayout(1, lat_l)
         sl_rope: gl.constexpr = gl.SliceLayout(1, rope_l)
@@ -182,23 +217,44 @@ if HAVE_GLUON:
         tok_l = t0 + r_l // BLOCK_H
         lat = gl.arange(0, LORA, layout=gl.SliceLayout(0, lat_l))
         async_copy.async_copy_global_to_shared(
-            q_lat_s, gl.expand_dims(q_ptr + tok_l.to(gl.int64) * q_stride_t
-                                    + (pid_h * BLOCK_H + r_l % BLOCK_H).to(gl.int64)
-                                    * q_stride_h, 1) + gl.expand_dims(lat, 0),
-            mask=gl.expand_dims(tok_l < num_tokens, 1) & gl.expand_dims(lat < LORA, 0))
+            q_lat_s,
+            gl.expand_dims(
+                q_ptr
+                + tok_l.to(gl.int64) * q_stride_t
+                + (pid_h * BLOCK_H + r_l % BLOCK_H).to(gl.int64) * q_stride_h,
+                1,
+            )
+            + gl.expand_dims(lat, 0),
+            mask=gl.expand_dims(tok_l < num_tokens, 1) & gl.expand_dims(lat < LORA, 0),
+        )
         r_r = gl.arange(0, BLOCK_M, layout=sl_rope)
         tok_r = t0 + r_r // BLOCK_H
         rope = gl.arange(0, ROPE, layout=gl.SliceLayout(0, rope_l))
         async_copy.async_copy_global_to_shared(
-            q_rope_s, gl.expand_dims(q_ptr + LORA + tok_r.to(gl.int64) * q_stride_t
-                                     + (pid_h * BLOCK_H + r_r % BLOCK_H).to(gl.int64)
-                                     * q_stride_h, 1) + gl.expand_dims(rope, 0),
-            mask=gl.expand_dims(tok_r < num_tokens, 1) & gl.expand_dims(rope < ROPE, 0))
-        for t in gl.static_range(STAGES - 1):   # tiles 0 .. STAGES-2 into their stages
-            _issue_kv_tile(kv_ptr, kv_stride,
-                           _load_slots(lead_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
-                           _load_slots(lead_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
-                           kl_s.index(t), kr_s.index(t), lat_l, rope_l, LORA, ROPE)
+            q_rope_s,
+            gl.expand_dims(
+                q_ptr
+                + LORA
+                + tok_r.to(gl.int64) * q_stride_t
+                + (pid_h * BLOCK_H + r_r % BLOCK_H).to(gl.int64) * q_stride_h,
+                1,
+            )
+            + gl.expand_dims(rope, 0),
+            mask=gl.expand_dims(tok_r < num_tokens, 1) & gl.expand_dims(rope < ROPE, 0),
+        )
+        for t in gl.static_range(STAGES - 1):  # tiles 0 .. STAGES-2 into their stages
+            _issue_kv_tile(
+                kv_ptr,
+                kv_stride,
+                _load_slots(lead_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
+                _load_slots(lead_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
+                kl_s.index(t),
+                kr_s.index(t),
+                lat_l,
+                rope_l,
+                LORA,
+                ROPE,
+            )
             async_copy.commit_group()
 
         # ---- scan (while those copies fly): do the GROUP tokens list the same slots? ----
@@ -210,8 +266,13 @@ if HAVE_GLUON:
             col = start + gl.arange(0, SCAN, layout=gl.SliceLayout(0, scan_l))
             lead = gl.load(lead_row + col, mask=col < width, other=-1)
             tile_mask = gl.expand_dims(g_valid, 1) & gl.expand_dims(col < width, 0)
-            tile = gl.load(idx_ptr + gl.expand_dims(g_tok.to(gl.int64) * idx_stride, 1)
-                           + gl.expand_dims(col, 0), mask=tile_mask, other=-1)
+            tile = gl.load(
+                idx_ptr
+                + gl.expand_dims(g_tok.to(gl.int64) * idx_stride, 1)
+                + gl.expand_dims(col, 0),
+                mask=tile_mask,
+                other=-1,
+            )
             differ += ((tile != gl.expand_dims(lead, 0)) & tile_mask).to(gl.int32)
         uniform = (gl.sum(gl.sum(differ, axis=1), axis=0) == 0).to(gl.int32)
         # One pass over the shared row, or (mixed group) one pass per token, each storing
@@ -229,19 +290,28 @@ if HAVE_GLUON:
             tok_lo = gl.minimum(t0 + g * (1 - uniform), num_tokens - 1)
             tok_hi = gl.minimum(tok_lo + 1 + uniform * (GROUP - 1), num_tokens)
             idx_row = idx_ptr + tok_lo.to(gl.int64) * idx_stride
-            if g > 0:                           # a mixed group's next token: its first tiles
+            if g > 0:  # a mixed group's next token: its first tiles
                 for t in gl.static_range(STAGES - 1):
-                    _issue_kv_tile(kv_ptr, kv_stride,
-                                   _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
-                                   _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
-                                   kl_s.index(t), kr_s.index(t), lat_l, rope_l, LORA, ROPE)
+                    _issue_kv_tile(
+                        kv_ptr,
+                        kv_stride,
+                        _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_lat),
+                        _load_slots(idx_row, t * BLOCK_N, width, BLOCK_N, sl_rope),
+                        kl_s.index(t),
+                        kr_s.index(t),
+                        lat_l,
+                        rope_l,
+                        LORA,
+                        ROPE,
+                    )
                     async_copy.commit_group()
             nxt_l = _load_slots(idx_row, (STAGES - 1) * BLOCK_N, width, BLOCK_N, sl_lat)
             nxt_r = _load_slots(idx_row, (STAGES - 1) * BLOCK_N, width, BLOCK_N, sl_rope)
             # The slots of tile t are loaded one step before its copy is issued and parked
             # in idx_s[t % 2] (a register each while in flight), so no step waits on them.
             idx_s.index(STAGES % 2).store(
-                _load_slots(idx_row, STAGES * BLOCK_N, width, BLOCK_N, idx_l))
+                _load_slots(idx_row, STAGES * BLOCK_N, width, BLOCK_N, idx_l)
+            )
             live = _load_slots(idx_row, 0, width, BLOCK_N, sl_col) >= 0
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
@@ -249,12 +319,22 @@ if HAVE_GLUON:
 
             # ---- tile 0: scores; tile STAGES-1 starts loading into the last stage ------
             s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_l)
-            s_tok = warpgroup_mma(q_lat_s, kl_s.index(0).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
-            s_tok = warpgroup_mma(q_rope_s, kr_s.index(0).permute((1, 0)), s_tok,
-                                  is_async=True)
-            _issue_kv_tile(kv_ptr, kv_stride, nxt_l, nxt_r, kl_s.index(STAGES - 1),
-                           kr_s.index(STAGES - 1), lat_l, rope_l, LORA, ROPE)
+            s_tok = warpgroup_mma(
+                q_lat_s, kl_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
+            )
+            s_tok = warpgroup_mma(q_rope_s, kr_s.index(0).permute((1, 0)), s_tok, is_async=True)
+            _issue_kv_tile(
+                kv_ptr,
+                kv_stride,
+                nxt_l,
+                nxt_r,
+                kl_s.index(STAGES - 1),
+                kr_s.index(STAGES - 1),
+                lat_l,
+                rope_l,
+                LORA,
+                ROPE,
+            )
             async_copy.commit_group()
             s = warpgroup_mma_wait(0, deps=[s_tok])
             s = gl.where(gl.expand_dims(live, 0), s * qk_scale, float("-inf"))
@@ -275,22 +355,33 @@ if HAVE_GLUON:
                 prv = (j + STAGES - 1) % STAGES
                 ahead = _load_slots(idx_row, (j + STAGES) * BLOCK_N, width, BLOCK_N, idx_l)
                 live = _load_slots(idx_row, j * BLOCK_N, width, BLOCK_N, sl_col) >= 0
-                _cta_barrier()                 # P_{j-1} visible to both warpgroups
+                _cta_barrier()  # P_{j-1} visible to both warpgroups
                 o_tok = warpgroup_mma(p_s, kl_s.index(prv), acc, is_async=True)
-                async_copy.wait_group(STAGES - 2)   # tile j landed (own copies)
+                async_copy.wait_group(STAGES - 2)  # tile j landed (own copies)
                 fence_async_shared()
-                _cta_barrier()                 # ... and everyone's
-                s_tok = warpgroup_mma(q_lat_s, kl_s.index(cur).permute((1, 0)), s_zero,
-                                      use_acc=False, is_async=True)
-                s_tok = warpgroup_mma(q_rope_s, kr_s.index(cur).permute((1, 0)), s_tok,
-                                      is_async=True)
+                _cta_barrier()  # ... and everyone's
+                s_tok = warpgroup_mma(
+                    q_lat_s, kl_s.index(cur).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                )
+                s_tok = warpgroup_mma(
+                    q_rope_s, kr_s.index(cur).permute((1, 0)), s_tok, is_async=True
+                )
                 acc = warpgroup_mma_wait(2, deps=[o_tok])
-                _cta_barrier()                 # both warpgroups done with stage prv, P
-                if not DIAG_NO_LOADS:   # diagnostic: reuse stale tiles (wrong result)
+                _cta_barrier()  # both warpgroups done with stage prv, P
+                if not DIAG_NO_LOADS:  # diagnostic: reuse stale tiles (wrong result)
                     parked = idx_s.index((j + STAGES - 1) % 2)
-                    _issue_kv_tile(kv_ptr, kv_stride, parked.load(sl_lat),
-                                   parked.load(sl_rope), kl_s.index(prv), kr_s.index(prv),
-                                   lat_l, rope_l, LORA, ROPE)
+                    _issue_kv_tile(
+                        kv_ptr,
+                        kv_stride,
+                        parked.load(sl_lat),
+                        parked.load(sl_rope),
+                        kl_s.index(prv),
+                        kr_s.index(prv),
+                        lat_l,
+                        rope_l,
+                        LORA,
+                        ROPE,
+                    )
                 async_copy.commit_group()
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 s = gl.where(gl.expand_dims(live, 0), s * qk_scale, float("-inf"))
@@ -302,7 +393,7 @@ if HAVE_GLUON:
                 m_i = m_new
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), 1)
                 p_s.store(p.to(dtype))
-                idx_s.index((j + STAGES) % 2).store(ahead)   # read after the next barrier
+                idx_s.index((j + STAGES) % 2).store(ahead)  # read after the next barrier
                 fence_async_shared()
 
             _cta_barrier()
@@ -316,7 +407,7 @@ if HAVE_GLUON:
             # ---- epilogue: through the (now idle) first KV stage when it holds the tile, so
             # that the global stores are 16-byte pieces of whole rows, not wgmma fragments
             if BLOCK_N >= BLOCK_M:
-                _cta_barrier()                 # both warpgroups done reading every stage
+                _cta_barrier()  # both warpgroups done reading every stage
                 stage = kl_s.index(0).slice(0, BLOCK_M)
                 stage.store(out)
                 _cta_barrier()
@@ -327,17 +418,25 @@ if HAVE_GLUON:
                 out = gl.convert_layout(out, o_l)
             r_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_l))
             tok_o = t0 + r_o // BLOCK_H
-            orow = out_ptr + tok_o.to(gl.int64) * out_stride_t \
+            orow = (
+                out_ptr
+                + tok_o.to(gl.int64) * out_stride_t
                 + (pid_h * BLOCK_H + r_o % BLOCK_H).to(gl.int64) * out_stride_h
+            )
             lat_o = gl.arange(0, LORA, layout=gl.SliceLayout(0, out_l))
-            gl.store(gl.expand_dims(orow, 1) + gl.expand_dims(lat_o, 0), out,
-                     mask=gl.expand_dims((tok_o >= tok_lo) & (tok_o < tok_hi), 1)
-                     & gl.expand_dims(lat_o < LORA, 0))
-            _cta_barrier()                     # the stage is read before the next pass
-        async_copy.wait_group(0)               # no copy outlives the program (flag launch)
+            gl.store(
+                gl.expand_dims(orow, 1) + gl.expand_dims(lat_o, 0),
+                out,
+                mask=gl.expand_dims((tok_o >= tok_lo) & (tok_o < tok_hi), 1)
+                & gl.expand_dims(lat_o < LORA, 0),
+            )
+            _cta_barrier()  # the stage is read before the next pass
+        async_copy.wait_group(0)  # no copy outlives the program (flag launch)
 
-def compile_for_hopper(block_n: int = BLOCK_N, stages: int = STAGES,
-                       fold_mixed: bool = True) -> dict:
+
+def compile_for_hopper(
+    block_n: int = BLOCK_N, stages: int = STAGES, fold_mixed: bool = True
+) -> dict:
     """Compile the kernel for sm_90 with the installed triton, no GPU needed (not under
     ``TRITON_INTERPRET=1``, which wraps triton's own helpers); returns
     ``{"shared": bytes, "registers": n, "stack": bytes}`` (the last two ``None`` when
@@ -349,30 +448,67 @@ def compile_for_hopper(block_n: int = BLOCK_N, stages: int = STAGES,
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    signature = {"q_ptr": "*bf16", "q_stride_t": "i32", "q_stride_h": "i32",
-                 "kv_ptr": "*bf16", "kv_stride": "i32", "idx_ptr": "*i32", "idx_stride": "i32",
-                 "out_ptr": "*bf16", "out_stride_t": "i32", "out_stride_h": "i32",
-                 "mixed_ptr": "*i32", "num_tokens": "i32", "width": "i32", "qk_scale": "fp32"}
-    constexprs = dict(LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n,
-                      STAGES=stages, SCAN=SCAN, FOLD_MIXED=int(fold_mixed), DIAG_NO_LOADS=0)
+    signature = {
+        "q_ptr": "*bf16",
+        "q_stride_t": "i32",
+        "q_stride_h": "i32",
+        "kv_ptr": "*bf16",
+        "kv_stride": "i32",
+        "idx_ptr": "*i32",
+        "idx_stride": "i32",
+        "out_ptr": "*bf16",
+        "out_stride_t": "i32",
+        "out_stride_h": "i32",
+        "mixed_ptr": "*i32",
+        "num_tokens": "i32",
+        "width": "i32",
+        "qk_scale": "fp32",
+    }
+    constexprs = dict(
+        LORA=LORA,
+        ROPE=ROPE,
+        BLOCK_H=BLOCK_H,
+        GROUP=GROUP,
+        BLOCK_N=block_n,
+        STAGES=stages,
+        SCAN=SCAN,
+        FOLD_MIXED=int(fold_mixed),
+        DIAG_NO_LOADS=0,
+    )
     # as a launch with 16-aligned pointers and strides specialises it (cp.async needs it)
-    aligned = ("q_ptr", "q_stride_t", "q_stride_h", "kv_ptr", "kv_stride", "idx_ptr",
-               "out_ptr", "out_stride_t", "out_stride_h", "mixed_ptr", "num_tokens")
+    aligned = (
+        "q_ptr",
+        "q_stride_t",
+        "q_stride_h",
+        "kv_ptr",
+        "kv_stride",
+        "idx_ptr",
+        "out_ptr",
+        "out_stride_t",
+        "out_stride_h",
+        "mixed_ptr",
+        "num_tokens",
+    )
     names = list(signature)
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     compiled = triton.compile(
-        GluonASTSource(fn=_gluon_sparse_mla_kernel, signature=signature, constexprs=constexprs,
-                       attrs=attrs),
-        target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+        GluonASTSource(
+            fn=_gluon_sparse_mla_kernel, signature=signature, constexprs=constexprs, attrs=attrs
+        ),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": NUM_WARPS},
+    )
     result = {"shared": compiled.metadata.shared, "registers": None, "stack": None}
     import triton.backends.nvidia as nvidia
+
     tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
     if os.path.exists(tool):
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(compiled.asm["cubin"])
             cubin.flush()
-            usage = subprocess.run([tool, "-res-usage", cubin.name], capture_output=True,
-                                   text=True, check=True).stdout
+            usage = subprocess.run(
+                [tool, "-res-usage", cubin.name], capture_output=True, text=True, check=True
+            ).stdout
         found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
         if found:
             result["registers"], result["stack"] = int(found.group(1)), int(found.group(2))
@@ -392,8 +528,9 @@ def gluon_mode() -> str:
 def gluon_enabled() -> bool:
     """Whether ``gluon_mode()`` and the installed triton allow the Gluon kernel at all."""
     mode = gluon_mode()
-    return HAVE_GLUON and (mode == "1" or (
-        mode == "auto" and triton.__version__.startswith(VERIFIED_TRITON)))
+    return HAVE_GLUON and (
+        mode == "1" or (mode == "auto" and triton.__version__.startswith(VERIFIED_TRITON))
+    )
 
 
 def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
@@ -404,12 +541,20 @@ def gluon_supported(query: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: i
         return False
     if query.dtype != torch.bfloat16 or kv_cache.dtype != query.dtype:
         return False
-    return (kv_lora_rank == LORA and query.shape[-1] == LORA + ROPE
-            and query.shape[1] % BLOCK_H == 0)
+    return kv_lora_rank == LORA and query.shape[-1] == LORA + ROPE and query.shape[1] % BLOCK_H == 0
 
 
-def _launch(query, kv_cache, indices, scale, fold_mixed=FOLD_MIXED, mixed_pass=True,
-            block_n=BLOCK_N, stages=STAGES, diag_no_loads=False):
+def _launch(
+    query,
+    kv_cache,
+    indices,
+    scale,
+    fold_mixed=FOLD_MIXED,
+    mixed_pass=True,
+    block_n=BLOCK_N,
+    stages=STAGES,
+    diag_no_loads=False,
+):
     """One launch. ``fold_mixed``: mixed groups are attended token by token inside the
     kernel (one launch); else they are flagged and, with ``mixed_pass``, left to the
     per-token Triton kernel. The other keyword arguments are for measurements
@@ -427,33 +572,63 @@ def _launch(query, kv_cache, indices, scale, fold_mixed=FOLD_MIXED, mixed_pass=T
     groups = triton.cdiv(num_tokens, GROUP)
     mixed = torch.empty(1 if fold_mixed else groups, dtype=torch.int32, device=query.device)
     _gluon_sparse_mla_kernel[(groups, num_heads // BLOCK_H)](
-        query, query.stride(0), query.stride(1), kv, kv.stride(0), indices, indices.stride(0),
-        out, out.stride(0), out.stride(1), mixed, num_tokens, width,
+        query,
+        query.stride(0),
+        query.stride(1),
+        kv,
+        kv.stride(0),
+        indices,
+        indices.stride(0),
+        out,
+        out.stride(0),
+        out.stride(1),
+        mixed,
+        num_tokens,
+        width,
         float(scale) * math.log2(math.e),
-        LORA=LORA, ROPE=ROPE, BLOCK_H=BLOCK_H, GROUP=GROUP, BLOCK_N=block_n, STAGES=stages,
-        SCAN=SCAN, FOLD_MIXED=bool(fold_mixed), DIAG_NO_LOADS=diag_no_loads,
-        num_warps=NUM_WARPS)
+        LORA=LORA,
+        ROPE=ROPE,
+        BLOCK_H=BLOCK_H,
+        GROUP=GROUP,
+        BLOCK_N=block_n,
+        STAGES=stages,
+        SCAN=SCAN,
+        FOLD_MIXED=bool(fold_mixed),
+        DIAG_NO_LOADS=diag_no_loads,
+        num_warps=NUM_WARPS,
+    )
     # Tokens of mixed groups (causal rows, groups straddling requests): per token.
     if not fold_mixed and mixed_pass:
         launch_per_token(query, kv, indices, out, scale, LORA, mixed=mixed, group=GROUP)
     return out
 
 
-def gluon_sparse_mla_attention(query: torch.Tensor, kv_cache: torch.Tensor,
-                               indices: torch.Tensor, scale: float,
-                               kv_lora_rank: int) -> torch.Tensor:
+def gluon_sparse_mla_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int,
+) -> torch.Tensor:
     """Gluon ``dspark.sparse_mla_attention`` (module docstring); returns ``[T, H, L]``.
 
     Inputs the kernel does not handle go to ``grouped_sparse_mla_attention_triton``."""
     check_sparse_mla_args(query, kv_cache, indices, kv_lora_rank)
     key = (query.device.index, query.dtype)
-    if (indices.shape[1] == 0 or key in _failed
-            or not gluon_supported(query, kv_cache, kv_lora_rank)):
+    if (
+        indices.shape[1] == 0
+        or key in _failed
+        or not gluon_supported(query, kv_cache, kv_lora_rank)
+    ):
         return grouped_sparse_mla_attention_triton(query, kv_cache, indices, scale, kv_lora_rank)
     try:
         return _launch(query, kv_cache, indices, scale)
     except Exception:  # noqa: BLE001 - compile/launch failure: the Triton kernel is exact too
-        logger.warning("Gluon sparse MLA kernel failed on %s %s; using the Triton kernel",
-                       query.device, query.dtype, exc_info=True)
+        logger.warning(
+            "Gluon sparse MLA kernel failed on %s %s; using the Triton kernel",
+            query.device,
+            query.dtype,
+            exc_info=True,
+        )
         _failed.add(key)
         return grouped_sparse_mla_attention_triton(query, kv_cache, indices, scale, kv_lora_rank)

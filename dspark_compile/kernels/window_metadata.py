@@ -38,10 +38,21 @@ from dspark_compile.validation import check_int
 
 @triton.jit
 def _window_metadata_kernel(
-    seq_lens_ptr, table_ptr, table_stride0, table_stride1, table_width,
-    out_lens_ptr, out_start_ptr, out_table_ptr, out_stride0, out_stride1,
-    window_size, future_offset,
-    BLOCK_SIZE: tl.constexpr, NUM_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    seq_lens_ptr,
+    table_ptr,
+    table_stride0,
+    table_stride1,
+    table_width,
+    out_lens_ptr,
+    out_start_ptr,
+    out_table_ptr,
+    out_stride0,
+    out_stride1,
+    window_size,
+    future_offset,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_COLS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
     NUM_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
@@ -71,8 +82,13 @@ def _window_metadata_kernel(
 
 
 def window_metadata_triton(
-    seq_lens: torch.Tensor, block_table: torch.Tensor, window_size: int, block_size: int,
-    future_offset: int = 0, out_table: Optional[torch.Tensor] = None, sink_size: int = 0,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    window_size: int,
+    block_size: int,
+    future_offset: int = 0,
+    out_table: Optional[torch.Tensor] = None,
+    sink_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(windowed_len, start, windowed_table)`` in one kernel launch.
 
@@ -90,16 +106,20 @@ def window_metadata_triton(
     check_int("block_size", block_size)
     check_int("future_offset", future_offset, 0)
     if seq_lens.dim() != 1 or block_table.dim() != 2 or block_table.shape[0] != seq_lens.shape[0]:
-        raise ValueError(f"seq_lens {tuple(seq_lens.shape)} and block_table "
-                         f"{tuple(block_table.shape)} are invalid: expected [R] and [R, width]")
+        raise ValueError(
+            f"seq_lens {tuple(seq_lens.shape)} and block_table "
+            f"{tuple(block_table.shape)} are invalid: expected [R] and [R, width]"
+        )
     num_sinks = sink_blocks(sink_size, block_size)
     num_reqs = seq_lens.shape[0]
     num_cols = max_window_blocks(window_size, block_size, sink_size=sink_size)
     if out_table is None:
         out_table = block_table.new_empty((num_reqs, num_cols))
     elif tuple(out_table.shape) != (num_reqs, num_cols):
-        raise ValueError(f"out_table has shape {tuple(out_table.shape)}, expected "
-                         f"({num_reqs}, {num_cols}) = (requests, max_window_blocks)")
+        raise ValueError(
+            f"out_table has shape {tuple(out_table.shape)}, expected "
+            f"({num_reqs}, {num_cols}) = (requests, max_window_blocks)"
+        )
     windowed_len = torch.empty_like(seq_lens)
     start = torch.empty_like(seq_lens)
     if num_reqs == 0:
@@ -112,8 +132,21 @@ def window_metadata_triton(
         width = block_table.shape[1]
     block_cols = min(triton.next_power_of_2(num_cols), 1024)
     _window_metadata_kernel[(num_reqs,)](
-        seq_lens, block_table, block_table.stride(0), block_table.stride(1), width,
-        windowed_len, start, out_table, out_table.stride(0), out_table.stride(1),
-        window_size, future_offset,
-        BLOCK_SIZE=block_size, NUM_COLS=num_cols, BLOCK_COLS=block_cols, NUM_SINKS=num_sinks)
+        seq_lens,
+        block_table,
+        block_table.stride(0),
+        block_table.stride(1),
+        width,
+        windowed_len,
+        start,
+        out_table,
+        out_table.stride(0),
+        out_table.stride(1),
+        window_size,
+        future_offset,
+        BLOCK_SIZE=block_size,
+        NUM_COLS=num_cols,
+        BLOCK_COLS=block_cols,
+        NUM_SINKS=num_sinks,
+    )
     return windowed_len, start, out_table

@@ -40,10 +40,20 @@ class DraftAttention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
 
-    def forward(self, hidden, positions, key_cache, value_cache, block_table, seq_lens,
-                query_start_loc, slot_mapping, attention: Optional[AttentionFn]):
+    def forward(
+        self,
+        hidden,
+        positions,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        slot_mapping,
+        attention: Optional[AttentionFn],
+    ):
         cfg = self.cfg
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
@@ -52,8 +62,16 @@ class DraftAttention(nn.Module):
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
         torch.ops.dspark.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
         attention = attention or torch.ops.dspark.paged_attention
-        out = attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-                        self.scale, cfg.causal)
+        out = attention(
+            q,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            self.scale,
+            cfg.causal,
+        )
         return self.o_proj(out.reshape(-1, q_size))
 
 
@@ -66,10 +84,29 @@ class DraftLayer(nn.Module):
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, hidden, positions, key_cache, value_cache, block_table, seq_lens,
-                query_start_loc, slot_mapping, attention):
-        hidden = hidden + self.attn(self.input_norm(hidden), positions, key_cache, value_cache,
-                                    block_table, seq_lens, query_start_loc, slot_mapping, attention)
+    def forward(
+        self,
+        hidden,
+        positions,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        slot_mapping,
+        attention,
+    ):
+        hidden = hidden + self.attn(
+            self.input_norm(hidden),
+            positions,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            slot_mapping,
+            attention,
+        )
         gate, up = self.gate_up(self.post_attn_norm(hidden)).chunk(2, dim=-1)
         return hidden + self.down(torch.nn.functional.silu(gate) * up)
 
@@ -92,11 +129,27 @@ class DFlashReferenceDraft(nn.Module):
             self.norm = RMSNorm(cfg.hidden_size, cfg.eps, weight_noise=0.1)
         self.attention_override: Optional[AttentionFn] = None
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor,
-                key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor],
-                block_table: torch.Tensor, seq_lens: torch.Tensor,
-                query_start_loc: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        key_caches: Sequence[torch.Tensor],
+        value_caches: Sequence[torch.Tensor],
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
         for layer, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
-            hidden = layer(hidden, positions, key_cache, value_cache, block_table, seq_lens,
-                           query_start_loc, slot_mapping, self.attention_override)
+            hidden = layer(
+                hidden,
+                positions,
+                key_cache,
+                value_cache,
+                block_table,
+                seq_lens,
+                query_start_loc,
+                slot_mapping,
+                self.attention_override,
+            )
         return self.norm(hidden)

@@ -24,8 +24,11 @@ import dspark_compile.ops  # noqa: F401  (torch.ops.dspark.*)
 from dspark_compile.arithmetic.index_width import causal_width
 from dspark_compile.kernels.sampling_args import check_sampling_args
 from dspark_compile.models.layers import RMSNorm, apply_rope
-from dspark_compile.models.markov_sampling import (DSparkMarkovHead, block_sample_indices,
-                                                   sample_sequential)
+from dspark_compile.models.markov_sampling import (
+    DSparkMarkovHead,
+    block_sample_indices,
+    sample_sequential,
+)
 
 IndexFn = Callable[..., torch.Tensor]
 
@@ -40,7 +43,7 @@ class DSparkDraftConfig:
     intermediate_size: int = 128
     vocab_size: int = 96
     markov_rank: int = 8
-    sliding_window: int = 64       # the draft's own causal window (its trained window)
+    sliding_window: int = 64  # the draft's own causal window (its trained window)
     rope_theta: float = 10000.0
     eps: float = 1e-6
 
@@ -57,7 +60,7 @@ class SparseMLAAttention(nn.Module):
         self.kv_proj = nn.Linear(cfg.hidden_size, cfg.head_dim, bias=False)
         self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg.eps, weight_noise=0.1)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.kv_lora_rank, cfg.hidden_size, bias=False)
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
 
     def forward(self, hidden, positions, kv_cache, slot_mapping, indices):
         cfg = self.cfg
@@ -82,8 +85,9 @@ class DSparkLayer(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, hidden, positions, kv_cache, slot_mapping, indices):
-        hidden = hidden + self.attn(self.input_norm(hidden), positions, kv_cache, slot_mapping,
-                                    indices)
+        hidden = hidden + self.attn(
+            self.input_norm(hidden), positions, kv_cache, slot_mapping, indices
+        )
         gate, up = self.gate_up(self.post_attn_norm(hidden)).chunk(2, dim=-1)
         return hidden + self.down(torch.nn.functional.silu(gate) * up)
 
@@ -108,22 +112,41 @@ class DSparkReferenceDraft(nn.Module):
             self.markov_head = DSparkMarkovHead(cfg.vocab_size, cfg.markov_rank)
         self.index_override: Optional[IndexFn] = None
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor,
-                kv_caches: Sequence[torch.Tensor], block_table: torch.Tensor,
-                seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                slot_mapping: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor],
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
         window = self.cfg.sliding_window
         index_fn = self.index_override or torch.ops.dspark.swa_indices
-        indices = index_fn(seq_lens, query_start_loc, block_table, slot_mapping,
-                           kv_caches[0].shape[1], window, causal_width(window))
+        indices = index_fn(
+            seq_lens,
+            query_start_loc,
+            block_table,
+            slot_mapping,
+            kv_caches[0].shape[1],
+            window,
+            causal_width(window),
+        )
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer(hidden, positions, kv_cache, slot_mapping, indices)
         return self.norm(hidden)
 
-    def propose(self, hidden: torch.Tensor, query_start_loc: torch.Tensor,
-                anchor_tokens: torch.Tensor, num_steps: int,
-                temperature: Union[float, torch.Tensor], seeds: torch.Tensor,
-                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def propose(
+        self,
+        hidden: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        num_steps: int,
+        temperature: Union[float, torch.Tensor],
+        seeds: torch.Tensor,
+        positions: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Draft tokens ``[R, num_steps]`` from the block's output ``hidden``.
 
         Step i of request r reads the logits of token ``query_start_loc[r] + 1 + i``
@@ -142,16 +165,19 @@ class DSparkReferenceDraft(nn.Module):
         """
         rows = anchor_tokens.shape[0]
         sample_index = block_sample_indices(query_start_loc, num_steps, rows)
-        base = self.lm_head(hidden[torch.clamp(sample_index, min=0)])      # [R, N, V]
+        base = self.lm_head(hidden[torch.clamp(sample_index, min=0)])  # [R, N, V]
         factors = _low_rank_factors(self.markov_head)
         if factors is None:
-            tokens = sample_sequential(base, anchor_tokens, self.markov_head, temperature,
-                                       seeds, positions)
+            tokens = sample_sequential(
+                base, anchor_tokens, self.markov_head, temperature, seeds, positions
+            )
         else:
-            temperature = check_sampling_args(base, anchor_tokens, temperature, seeds,
-                                              positions)[0]                # [R] float32
-            tokens = torch.ops.dspark.markov_head_sample(base, anchor_tokens, *factors,
-                                                         temperature, seeds, positions)
+            temperature = check_sampling_args(base, anchor_tokens, temperature, seeds, positions)[
+                0
+            ]  # [R] float32
+            tokens = torch.ops.dspark.markov_head_sample(
+                base, anchor_tokens, *factors, temperature, seeds, positions
+            )
         return torch.where(sample_index >= 0, tokens, torch.full_like(tokens, -1))
 
 
@@ -167,9 +193,19 @@ def _low_rank_factors(markov_head: nn.Module) -> Optional[tuple[torch.Tensor, to
         return None
 
 
-def random_latent_caches(num_layers: int, num_blocks: int, block_size: int, head_dim: int,
-                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                         generator: torch.Generator | None = None) -> list[torch.Tensor]:
+def random_latent_caches(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> list[torch.Tensor]:
     """Random (never zero) latent KV caches ``[num_blocks, b, head_dim]``, one per layer."""
-    return [torch.randn((num_blocks, block_size, head_dim), generator=generator)
-            .to(dtype=dtype, device=device) for _ in range(num_layers)]
+    return [
+        torch.randn((num_blocks, block_size, head_dim), generator=generator).to(
+            dtype=dtype, device=device
+        )
+        for _ in range(num_layers)
+    ]

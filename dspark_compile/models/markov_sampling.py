@@ -48,26 +48,45 @@ class DSparkMarkovHead(nn.Module):
         F.linear(embed[prev], weight)``: for kernels that compute the bias themselves.
         ``ValueError`` where ``forward`` is not that (a subclass's own ``forward``,
         forward hooks, replaced submodules, ``max_norm``, an additive bias)."""
-        hooks = (self._forward_hooks, self._forward_pre_hooks, self.embed._forward_hooks,
-                 self.embed._forward_pre_hooks, self.bias._forward_hooks,
-                 self.bias._forward_pre_hooks)
-        if type(self).forward is not DSparkMarkovHead.forward or any(hooks) \
-                or type(self.embed) is not nn.Embedding or type(self.bias) is not nn.Linear:
-            raise ValueError("markov_head has its own forward, forward hooks or replaced "
-                             "submodules: its bias is not embed[prev] @ weight^T")
+        hooks = (
+            self._forward_hooks,
+            self._forward_pre_hooks,
+            self.embed._forward_hooks,
+            self.embed._forward_pre_hooks,
+            self.bias._forward_hooks,
+            self.bias._forward_pre_hooks,
+        )
+        if (
+            type(self).forward is not DSparkMarkovHead.forward
+            or any(hooks)
+            or type(self.embed) is not nn.Embedding
+            or type(self.bias) is not nn.Linear
+        ):
+            raise ValueError(
+                "markov_head has its own forward, forward hooks or replaced "
+                "submodules: its bias is not embed[prev] @ weight^T"
+            )
         if self.embed.max_norm is not None:
-            raise ValueError(f"markov_head.embed.max_norm={self.embed.max_norm!r} is invalid "
-                             f"here: expected None (no renormalisation)")
+            raise ValueError(
+                f"markov_head.embed.max_norm={self.embed.max_norm!r} is invalid "
+                f"here: expected None (no renormalisation)"
+            )
         if self.bias.bias is not None:
-            raise ValueError("markov_head.bias has an additive bias: expected bias=False, as "
-                             "DSparkMarkovHead builds it")
+            raise ValueError(
+                "markov_head.bias has an additive bias: expected bias=False, as "
+                "DSparkMarkovHead builds it"
+            )
         return self.embed.weight.detach(), self.bias.weight.detach()
 
 
-def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                      markov_head: nn.Module, temperature: Union[float, torch.Tensor],
-                      seeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                      ) -> torch.Tensor:
+def sample_sequential(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    markov_head: nn.Module,
+    temperature: Union[float, torch.Tensor],
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Sample a draft block left to right through the Markov head.
 
     Args:
@@ -82,12 +101,12 @@ def sample_sequential(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     Returns:
         ``[R, N]`` int64 tokens. No host synchronisation.
     """
-    return sample_with_bias(base_logits, anchor_tokens, markov_head, temperature, seeds,
-                            positions)
+    return sample_with_bias(base_logits, anchor_tokens, markov_head, temperature, seeds, positions)
 
 
-def block_sample_indices(query_start_loc: torch.Tensor, num_steps: int, num_rows: int,
-                         offset: int = 1) -> torch.Tensor:
+def block_sample_indices(
+    query_start_loc: torch.Tensor, num_steps: int, num_rows: int, offset: int = 1
+) -> torch.Tensor:
     """Token rows whose logits drive each draft step: ``[num_rows, num_steps]`` int64.
 
     Request r (``r < len(query_start_loc) - 1``) maps step i to token
@@ -100,7 +119,7 @@ def block_sample_indices(query_start_loc: torch.Tensor, num_steps: int, num_rows
         raise ValueError(f"num_rows={num_rows} is invalid: expected >= num_reqs ({num_reqs})")
     device = query_start_loc.device
     locs = torch.full((num_rows + 1,), 0, dtype=torch.int64, device=device)
-    locs[:num_reqs + 1] = query_start_loc.to(torch.int64)
+    locs[: num_reqs + 1] = query_start_loc.to(torch.int64)
     rows = torch.arange(num_rows, device=device)
     index = locs[:-1].unsqueeze(1) + offset + torch.arange(num_steps, device=device).unsqueeze(0)
     valid = (rows < num_reqs).unsqueeze(1) & (index < locs[1:].unsqueeze(1))

@@ -31,16 +31,22 @@ class PagedBatch:
         return self.slot_mapping.shape[0]
 
 
-def make_paged_batch(seq_lens: Sequence[int], q_lens: Sequence[int], block_size: int,
-                     device: torch.device | str = "cpu", spare_blocks: int = 4,
-                     generator: torch.Generator | None = None) -> PagedBatch:
+def make_paged_batch(
+    seq_lens: Sequence[int],
+    q_lens: Sequence[int],
+    block_size: int,
+    device: torch.device | str = "cpu",
+    spare_blocks: int = 4,
+    generator: torch.Generator | None = None,
+) -> PagedBatch:
     """Scatter each request's blocks randomly over a cache of ``num_blocks`` blocks."""
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries, q_lens {len(q_lens)}")
     for s, q in zip(seq_lens, q_lens):
         if not 0 <= q <= s:
-            raise ValueError(f"q_len={q} is invalid for seq_len={s}: "
-                             "expected 0 <= q_len <= seq_len")
+            raise ValueError(
+                f"q_len={q} is invalid for seq_len={s}: expected 0 <= q_len <= seq_len"
+            )
     blocks_per_req = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(blocks_per_req) + spare_blocks
     width = max(blocks_per_req + [1])
@@ -48,7 +54,7 @@ def make_paged_batch(seq_lens: Sequence[int], q_lens: Sequence[int], block_size:
     table = torch.randint(0, num_blocks, (len(seq_lens), width), generator=generator)
     slots, positions, offset = [], [], 0
     for i, (s, q) in enumerate(zip(seq_lens, q_lens)):
-        table[i, :blocks_per_req[i]] = perm[offset:offset + blocks_per_req[i]]
+        table[i, : blocks_per_req[i]] = perm[offset : offset + blocks_per_req[i]]
         offset += blocks_per_req[i]
         for pos in range(s - q, s):
             slots.append(int(table[i, pos // block_size]) * block_size + pos % block_size)
@@ -66,9 +72,15 @@ def make_paged_batch(seq_lens: Sequence[int], q_lens: Sequence[int], block_size:
     )
 
 
-def random_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def random_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random (never zero) key and value caches ``[num_blocks, b, Hkv, D]``."""
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     key = torch.randn(shape, generator=generator).to(dtype=dtype, device=device)

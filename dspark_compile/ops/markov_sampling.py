@@ -22,10 +22,15 @@ logger = logging.getLogger(__name__)
 
 
 @torch.library.custom_op("dspark::markov_head_sample", mutates_args=())
-def markov_head_sample(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
-                       embed: torch.Tensor, weight: torch.Tensor, temperature: torch.Tensor,
-                       seeds: torch.Tensor, positions: Optional[torch.Tensor] = None
-                       ) -> torch.Tensor:
+def markov_head_sample(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    embed: torch.Tensor,
+    weight: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Sample ``[R, N]`` int64 draft tokens left to right from ``base_logits [R, N, V]``
     plus the low-rank Markov bias ``embed[prev] @ weight^T`` (``embed``, ``weight``:
     ``[V, r]``, one floating dtype) of the previous token, ``anchor_tokens [R]`` before
@@ -34,25 +39,28 @@ def markov_head_sample(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
 
     Semantics: ``dspark_compile.kernels.markov_sampling.markov_head_sample_ref``.
     """
-    return ref.markov_head_sample_ref(base_logits, anchor_tokens, embed, weight, temperature,
-                                      seeds, positions)
+    return ref.markov_head_sample_ref(
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions
+    )
 
 
 @markov_head_sample.register_fake
-def _markov_head_sample_fake(base_logits, anchor_tokens, embed, weight, temperature, seeds,
-                             positions=None):
-    check_head_sampling_args(base_logits, anchor_tokens, embed, weight, temperature, seeds,
-                             positions)
+def _markov_head_sample_fake(
+    base_logits, anchor_tokens, embed, weight, temperature, seeds, positions=None
+):
+    check_head_sampling_args(
+        base_logits, anchor_tokens, embed, weight, temperature, seeds, positions
+    )
     return base_logits.new_empty(base_logits.shape[:2], dtype=torch.int64)
 
 
 def _register_triton_kernels() -> None:
     try:
-        from dspark_compile.kernels.markov_head_sampling_triton import (
-            markov_head_sample_triton)
+        from dspark_compile.kernels.markov_head_sampling_triton import markov_head_sample_triton
     except ImportError as error:  # CPU-only installs without Triton keep the reference
-        logger.info("Triton unavailable (%s): dspark.markov_head_sample uses the torch "
-                    "reference", error)
+        logger.info(
+            "Triton unavailable (%s): dspark.markov_head_sample uses the torch reference", error
+        )
         return
     markov_head_sample.register_kernel("cuda")(markov_head_sample_triton)
 

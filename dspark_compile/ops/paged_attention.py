@@ -13,7 +13,10 @@ from typing import Optional
 import torch
 
 from dspark_compile.kernels.paged_attention import (
-    check_window_args, paged_attention_ref, reshape_and_cache_ref)
+    check_window_args,
+    paged_attention_ref,
+    reshape_and_cache_ref,
+)
 
 
 @torch.library.custom_op("dspark::paged_attention", mutates_args=())
@@ -40,22 +43,42 @@ def paged_attention(
     the table then starts with the kept sink blocks).
     Semantics: ``dspark_compile.kernels.paged_attention.paged_attention_ref``.
     """
-    return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                               query_start_loc, scale, causal, kv_offset=kv_offset,
-                               window_size=window_size, future_offset=future_offset,
-                               sink_size=sink_size)
+    return paged_attention_ref(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        scale,
+        causal,
+        kv_offset=kv_offset,
+        window_size=window_size,
+        future_offset=future_offset,
+        sink_size=sink_size,
+    )
 
 
 @paged_attention.register_fake
-def _paged_attention_fake(query, key_cache, value_cache, block_table, seq_lens,
-                          query_start_loc, scale, causal, kv_offset=None, window_size=None,
-                          future_offset=0, sink_size=0):
+def _paged_attention_fake(
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    seq_lens,
+    query_start_loc,
+    scale,
+    causal,
+    kv_offset=None,
+    window_size=None,
+    future_offset=0,
+    sink_size=0,
+):
     check_window_args(window_size, future_offset, sink_size)
     return query.new_empty(query.shape[0], query.shape[1], value_cache.shape[-1])
 
 
-@torch.library.custom_op("dspark::reshape_and_cache",
-                         mutates_args=("key_cache", "value_cache"))
+@torch.library.custom_op("dspark::reshape_and_cache", mutates_args=("key_cache", "value_cache"))
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -73,22 +96,54 @@ def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
 
 
 @paged_attention.register_kernel("cuda")
-def _paged_attention_cuda(query, key_cache, value_cache, block_table, seq_lens,
-                          query_start_loc, scale, causal, kv_offset=None, window_size=None,
-                          future_offset=0, sink_size=0):
+def _paged_attention_cuda(
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    seq_lens,
+    query_start_loc,
+    scale,
+    causal,
+    kv_offset=None,
+    window_size=None,
+    future_offset=0,
+    sink_size=0,
+):
     """CUDA: the split-KV Triton kernel (``kernels.paged_attention_triton``); the
     torch reference for dtypes/layouts it does not handle."""
     from dspark_compile.kernels import paged_attention_triton as kernel
 
-    window = dict(kv_offset=kv_offset, window_size=window_size, future_offset=future_offset,
-                  sink_size=sink_size)
+    window = dict(
+        kv_offset=kv_offset,
+        window_size=window_size,
+        future_offset=future_offset,
+        sink_size=sink_size,
+    )
     if kernel.supports(query, key_cache, value_cache):
-        return kernel.paged_attention_triton(query, key_cache, value_cache, block_table,
-                                             seq_lens, query_start_loc, scale, causal,
-                                             **window)
+        return kernel.paged_attention_triton(
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            scale,
+            causal,
+            **window,
+        )
     kernel.warn_fallback(f"query {query.dtype}, cache {key_cache.dtype}/{value_cache.dtype}")
-    return paged_attention_ref(query, key_cache, value_cache, block_table, seq_lens,
-                               query_start_loc, scale, causal, **window)
+    return paged_attention_ref(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        scale,
+        causal,
+        **window,
+    )
 
 
 @reshape_and_cache.register_kernel("cuda")

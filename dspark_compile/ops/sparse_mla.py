@@ -22,37 +22,82 @@ logger = logging.getLogger(__name__)
 
 
 @torch.library.custom_op("dspark::swa_indices", mutates_args=())
-def swa_indices(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                block_table: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                window_size: int, width: int, sink_size: int = 0) -> torch.Tensor:
+def swa_indices(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    window_size: int,
+    width: int,
+    sink_size: int = 0,
+) -> torch.Tensor:
     """Causal sliding-window KV slot ids ``[T, width]`` int32, ``-1`` padded; with
     ``sink_size`` S > 0 the first ``ceil(S / b) * b`` KV tokens too (attention sinks).
 
     Semantics: ``dspark_compile.kernels.sparse_mla.swa_indices_ref``.
     """
-    return ref.swa_indices_ref(seq_lens, query_start_loc, block_table, slot_mapping,
-                               block_size, window_size, width, sink_size)
+    return ref.swa_indices_ref(
+        seq_lens,
+        query_start_loc,
+        block_table,
+        slot_mapping,
+        block_size,
+        window_size,
+        width,
+        sink_size,
+    )
 
 
 @torch.library.custom_op("dspark::noncausal_swa_indices", mutates_args=())
-def noncausal_swa_indices(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                          block_table: torch.Tensor, slot_mapping: torch.Tensor,
-                          block_size: int, window_size: int, width: int,
-                          sink_size: int = 0) -> torch.Tensor:
+def noncausal_swa_indices(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    window_size: int,
+    width: int,
+    sink_size: int = 0,
+) -> torch.Tensor:
     """DSpark non-causal KV slot ids ``[T, width]`` int32: every query of a request's
     block sees ``[max(ctx - W, 0), ctx + q_len)``, plus, with ``sink_size`` S > 0,
     the first ``ceil(S / b) * b`` KV tokens (attention sinks).
 
     Semantics: ``dspark_compile.kernels.sparse_mla.noncausal_swa_indices_ref``.
     """
-    return ref.noncausal_swa_indices_ref(seq_lens, query_start_loc, block_table, slot_mapping,
-                                         block_size, window_size, width, sink_size)
+    return ref.noncausal_swa_indices_ref(
+        seq_lens,
+        query_start_loc,
+        block_table,
+        slot_mapping,
+        block_size,
+        window_size,
+        width,
+        sink_size,
+    )
 
 
-def _indices_fake(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                  window_size, width, sink_size=0):
-    ref.check_index_args(seq_lens, query_start_loc, block_table, slot_mapping, block_size,
-                         window_size, width, sink_size)
+def _indices_fake(
+    seq_lens,
+    query_start_loc,
+    block_table,
+    slot_mapping,
+    block_size,
+    window_size,
+    width,
+    sink_size=0,
+):
+    ref.check_index_args(
+        seq_lens,
+        query_start_loc,
+        block_table,
+        slot_mapping,
+        block_size,
+        window_size,
+        width,
+        sink_size,
+    )
     return slot_mapping.new_empty((slot_mapping.shape[0], width), dtype=torch.int32)
 
 
@@ -61,8 +106,13 @@ noncausal_swa_indices.register_fake(_indices_fake)
 
 
 @torch.library.custom_op("dspark::sparse_mla_attention", mutates_args=())
-def sparse_mla_attention(query: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
-                         scale: float, kv_lora_rank: int) -> torch.Tensor:
+def sparse_mla_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int,
+) -> torch.Tensor:
     """MLA attention of ``query [T, H, L+P]`` over the listed slots of
     ``kv_cache [num_blocks, b, L+P]``; returns ``[T, H, L]``.
 

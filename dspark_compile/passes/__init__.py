@@ -2,16 +2,29 @@
 
 from dspark_compile.passes import stats
 from dspark_compile.passes.attention_registry import (
-    AttentionOpSpec, PerTokenWindowArgs, attention_op_specs, register_attention_op,
-    unregister_attention_op)
+    AttentionOpSpec,
+    PerTokenWindowArgs,
+    attention_op_specs,
+    register_attention_op,
+    unregister_attention_op,
+)
 from dspark_compile.passes.base import GraphPass
 from dspark_compile.passes.draft_window import DraftWindowPass
 from dspark_compile.passes.dspark_noncausal import DSparkNonCausalIndexPass
 from dspark_compile.passes.manager import PassManager, PassRecord, clear_pass_records, pass_records
 
 __all__ = [
-    "AttentionOpSpec", "DraftWindowPass", "GraphPass", "PassManager", "PassRecord",
-    "PerTokenWindowArgs", "attention_op_specs", "clear_pass_records", "pass_records",
+    "AttentionOpSpec",
+    "DraftWindowPass",
+    "GraphPass",
+    "PassManager",
+    "PassRecord",
+    "PerTokenWindowArgs",
+    "attention_op_specs",
+    "clear_pass_records",
+    "pass_records",
     "register_attention_op",
-    "unregister_attention_op", "DSparkNonCausalIndexPass", "stats",
+    "unregister_attention_op",
+    "DSparkNonCausalIndexPass",
+    "stats",
 ]

@@ -43,8 +43,11 @@ class PerTokenWindowArgs:
 
     def names(self) -> tuple[str, ...]:
         """The argument names given (``sink_size`` only when set)."""
-        return tuple(name for name in (getattr(self, f.name) for f in dataclasses.fields(self))
-                     if name is not None)
+        return tuple(
+            name
+            for name in (getattr(self, f.name) for f in dataclasses.fields(self))
+            if name is not None
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,26 +72,30 @@ class AttentionOpSpec:
         if not isinstance(self.op, torch._ops.OpOverload):
             raise ValueError(
                 f"op={self.op!r} is invalid: expected an OpOverload such as "
-                "torch.ops.dspark.paged_attention.default")
+                "torch.ops.dspark.paged_attention.default"
+            )
         names = [a.name for a in self.op._schema.arguments]
         for field in ("seq_lens", "block_table", "kv_cache", "host_seq_lens", "upper_bounds"):
             value = getattr(self, field)
-            for arg in (value if isinstance(value, tuple) else (value,)):
+            for arg in value if isinstance(value, tuple) else (value,):
                 if arg is not None and arg not in names:
                     raise ValueError(
                         f"{field}={arg!r} is not an argument of {self.op}: "
-                        f"its arguments are {', '.join(names)}")
+                        f"its arguments are {', '.join(names)}"
+                    )
         if self.per_token_window is not None:
             for arg in self.per_token_window.names():
                 if arg not in names:
                     raise ValueError(
                         f"per_token_window names {arg!r}, which is not an argument of "
-                        f"{self.op}: its arguments are {', '.join(names)}")
+                        f"{self.op}: its arguments are {', '.join(names)}"
+                    )
             if self.host_seq_lens:
                 raise ValueError(
                     f"host_seq_lens={self.host_seq_lens!r} with per_token_window is not "
                     "supported: a per-token window of a host mirror needs host query "
-                    "lengths; register the op without one of them")
+                    "lengths; register the op without one of them"
+                )
 
     def arg_index(self, name: str) -> int:
         """Schema position of argument ``name`` of ``op``."""
@@ -115,10 +122,15 @@ def attention_op_specs() -> dict[torch._ops.OpOverload, AttentionOpSpec]:
 def _register_defaults() -> None:
     import dspark_compile.ops  # noqa: F401  (defines torch.ops.dspark.*)
 
-    register_attention_op(AttentionOpSpec(
-        op=torch.ops.dspark.paged_attention.default,
-        seq_lens="seq_lens", block_table="block_table", kv_cache="key_cache",
-        per_token_window=PerTokenWindowArgs(sink_size="sink_size")))
+    register_attention_op(
+        AttentionOpSpec(
+            op=torch.ops.dspark.paged_attention.default,
+            seq_lens="seq_lens",
+            block_table="block_table",
+            kv_cache="key_cache",
+            per_token_window=PerTokenWindowArgs(sink_size="sink_size"),
+        )
+    )
 
 
 _register_defaults()

@@ -47,10 +47,19 @@ from dspark_compile.arithmetic import window
 from dspark_compile.config import DraftWindowConfig
 from dspark_compile.passes import stats as keys
 from dspark_compile.passes.attention_registry import (
-    AttentionOpSpec, PerTokenWindowArgs, attention_op_specs)
+    AttentionOpSpec,
+    PerTokenWindowArgs,
+    attention_op_specs,
+)
 from dspark_compile.passes.base import GraphPass
 from dspark_compile.passes.graph_utils import (
-    Decompositions, find_calls, get_arg, inductor_decompositions, insert_traced, set_arg)
+    Decompositions,
+    find_calls,
+    get_arg,
+    inductor_decompositions,
+    insert_traced,
+    set_arg,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,22 +78,32 @@ class DraftWindowPass(GraphPass):
 
     def __init__(self, config: DraftWindowConfig, decompositions: str = "inductor") -> None:
         if decompositions not in DECOMPOSITION_MODES:
-            raise ValueError(f"decompositions={decompositions!r} is invalid: expected one of "
-                             f"{', '.join(DECOMPOSITION_MODES)}")
+            raise ValueError(
+                f"decompositions={decompositions!r} is invalid: expected one of "
+                f"{', '.join(DECOMPOSITION_MODES)}"
+            )
         self.window_config = config
         self.decompositions = decompositions
 
     def config(self) -> dict[str, Any]:
         specs = sorted(str(spec) for spec in attention_op_specs().values())
-        return {"window": self.window_config.as_dict(), "decompositions": self.decompositions,
-                "attention_ops": specs}
+        return {
+            "window": self.window_config.as_dict(),
+            "decompositions": self.decompositions,
+            "attention_ops": specs,
+        }
 
     def _decomposition_table(self) -> Decompositions:
         return inductor_decompositions() if self.decompositions == "inductor" else None
 
     def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
-        stats = keys.new_stats(keys.ATTENTION_CALLS, keys.REWRITTEN, keys.WINDOW_COMPUTATIONS,
-                               keys.HOST_MIRRORS_WINDOWED, keys.UPPER_BOUNDS_WINDOWED)
+        stats = keys.new_stats(
+            keys.ATTENTION_CALLS,
+            keys.REWRITTEN,
+            keys.WINDOW_COMPUTATIONS,
+            keys.HOST_MIRRORS_WINDOWED,
+            keys.UPPER_BOUNDS_WINDOWED,
+        )
         sink_size = self.window_config.draft_sink_size
         if sink_size:
             stats[keys.WITH_SINKS] = 0
@@ -98,8 +117,11 @@ class DraftWindowPass(GraphPass):
         for call in calls:
             spec = specs[call.target]
             block_size = self._block_size(call, spec)
-            params = (self.window_config.draft_window_size, block_size,
-                      self.window_config.resolved_future_offset)
+            params = (
+                self.window_config.draft_window_size,
+                block_size,
+                self.window_config.resolved_future_offset,
+            )
             sinks = {"sink_size": sink_size} if sink_size else {}
             seq_lens = get_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens)
             table = get_arg(call, spec.arg_index(spec.block_table), spec.block_table)
@@ -109,34 +131,47 @@ class DraftWindowPass(GraphPass):
                     f"draft_sink_size={sink_size} is not supported by {call.name} "
                     f"({spec.op}): its causal calls get the per-token window, and its "
                     "registered PerTokenWindowArgs name no sink_size argument; register "
-                    "the op with PerTokenWindowArgs(sink_size=...) or set draft_sink_size=0")
+                    "the op with PerTokenWindowArgs(sink_size=...) or set draft_sink_size=0"
+                )
             max_query_len = 1
             if per_token is None:
                 key = (seq_lens, table, block_size)
                 inputs = [seq_lens, table]
-                fn = functools.partial(_window_fn(), window_size=params[0],
-                                       block_size=params[1], future_offset=params[2], **sinks)
+                fn = functools.partial(
+                    _window_fn(),
+                    window_size=params[0],
+                    block_size=params[1],
+                    future_offset=params[2],
+                    **sinks,
+                )
             else:
                 query = get_arg(call, spec.arg_index(per_token.query), per_token.query)
-                locs = get_arg(call, spec.arg_index(per_token.query_start_loc),
-                               per_token.query_start_loc)
+                locs = get_arg(
+                    call, spec.arg_index(per_token.query_start_loc), per_token.query_start_loc
+                )
                 max_query_len = query.meta["val"].shape[0]
                 key = (seq_lens, table, block_size, locs, str(max_query_len))
                 inputs = [seq_lens, table, locs, query]
-                fn = functools.partial(_causal_window, window_fn=_causal_window_fn(),
-                                       window_size=params[0], block_size=params[1],
-                                       future_offset=params[2], **sinks)
+                fn = functools.partial(
+                    _causal_window,
+                    window_fn=_causal_window_fn(),
+                    window_size=params[0],
+                    block_size=params[1],
+                    future_offset=params[2],
+                    **sinks,
+                )
             if key not in windows:
-                windows[key] = insert_traced(graph, call, fn, inputs,
-                                             self._decomposition_table())
+                windows[key] = insert_traced(graph, call, fn, inputs, self._decomposition_table())
                 stats[keys.WINDOW_COMPUTATIONS] += 1
             windowed_lens, windowed_table = windows[key][:2]
             set_arg(call, spec.arg_index(spec.seq_lens), spec.seq_lens, windowed_lens)
             set_arg(call, spec.arg_index(spec.block_table), spec.block_table, windowed_table)
             if per_token is not None:
-                window_args = [(per_token.kv_offset, windows[key][2]),
-                               (per_token.window_size, params[0]),
-                               (per_token.future_offset, params[2])]
+                window_args = [
+                    (per_token.kv_offset, windows[key][2]),
+                    (per_token.window_size, params[0]),
+                    (per_token.future_offset, params[2]),
+                ]
                 if sink_size:
                     window_args.append((per_token.sink_size, sink_size))
                 for name, value in window_args:
@@ -148,17 +183,21 @@ class DraftWindowPass(GraphPass):
                 if not isinstance(mirror, torch.fx.Node):
                     continue
                 if (mirror, block_size) not in mirrors:
-                    fn = functools.partial(window.window_seq_lens, window_size=params[0],
-                                           block_size=params[1], future_offset=params[2],
-                                           **sinks)
+                    fn = functools.partial(
+                        window.window_seq_lens,
+                        window_size=params[0],
+                        block_size=params[1],
+                        future_offset=params[2],
+                        **sinks,
+                    )
                     mirrors[(mirror, block_size)] = insert_traced(
-                        graph, call, fn, [mirror], self._decomposition_table())
+                        graph, call, fn, [mirror], self._decomposition_table()
+                    )
                     stats[keys.HOST_MIRRORS_WINDOWED] += 1
                 set_arg(call, spec.arg_index(name), name, mirrors[(mirror, block_size)])
             for name in spec.upper_bounds:
                 bound = get_arg(call, spec.arg_index(name), name)
-                new_bound = _window_bound(graph, call, bound, *params, max_query_len,
-                                          sink_size)
+                new_bound = _window_bound(graph, call, bound, *params, max_query_len, sink_size)
                 if new_bound is not None:
                     set_arg(call, spec.arg_index(name), name, new_bound)
                     stats[keys.UPPER_BOUNDS_WINDOWED] += 1
@@ -177,13 +216,16 @@ class DraftWindowPass(GraphPass):
         override = self.window_config.block_size
         if override is not None:
             if isinstance(size, int) and size != override:
-                raise ValueError(f"block_size={override} does not match the KV cache of "
-                                 f"{call.name} ({spec.op}), whose block size is {size}")
+                raise ValueError(
+                    f"block_size={override} does not match the KV cache of "
+                    f"{call.name} ({spec.op}), whose block size is {size}"
+                )
             return override
         if not isinstance(size, int):
             raise ValueError(
                 f"the KV block size of {call.name} ({spec.op}) is not static ({size!r}): set "
-                "the block_size option, or torch._dynamo.mark_static(cache, 1)")
+                "the block_size option, or torch._dynamo.mark_static(cache, 1)"
+            )
         return size
 
 
@@ -199,8 +241,7 @@ def _window_fn():
     return window.window_seq_lens_and_block_table
 
 
-def _per_token_args(call: torch.fx.Node, spec: AttentionOpSpec
-                    ) -> Optional[PerTokenWindowArgs]:
+def _per_token_args(call: torch.fx.Node, spec: AttentionOpSpec) -> Optional[PerTokenWindowArgs]:
     """The spec's per-token arguments if this call gets the per-token form
     (a constant ``causal=True``), else None. A call that already carries a
     window of its own is an error: the pass cannot combine two windows."""
@@ -209,19 +250,39 @@ def _per_token_args(call: torch.fx.Node, spec: AttentionOpSpec
         return None
     own = get_arg(call, spec.arg_index(args.window_size), args.window_size)
     if own is not None:
-        raise ValueError(f"{call.name} ({spec.op}) already has window_size={own!r}: the "
-                         "draft window cannot be combined with a window of the call's own")
+        raise ValueError(
+            f"{call.name} ({spec.op}) already has window_size={own!r}: the "
+            "draft window cannot be combined with a window of the call's own"
+        )
     causal = get_arg(call, spec.arg_index(args.causal), args.causal)
     return args if causal is True else None
 
 
-def _causal_window(seq_lens, block_table, query_start_loc, query, *, window_fn, window_size,
-                   block_size, future_offset, sink_size=0):
+def _causal_window(
+    seq_lens,
+    block_table,
+    query_start_loc,
+    query,
+    *,
+    window_fn,
+    window_size,
+    block_size,
+    future_offset,
+    sink_size=0,
+):
     """The per-token window code; ``query``'s token count bounds every q_len
     (traced as ``sym_size`` when symbolic)."""
     sinks = {"sink_size": sink_size} if sink_size else {}
-    return window_fn(seq_lens, block_table, query_start_loc, window_size, block_size,
-                     future_offset, max_query_len=query.shape[0], **sinks)
+    return window_fn(
+        seq_lens,
+        block_table,
+        query_start_loc,
+        window_size,
+        block_size,
+        future_offset,
+        max_query_len=query.shape[0],
+        **sinks,
+    )
 
 
 def _causal_window_fn():
@@ -231,17 +292,25 @@ def _causal_window_fn():
     return window.causal_window_metadata
 
 
-def _window_bound(graph: torch.fx.Graph, call: torch.fx.Node, bound: Any, window_size: int,
-                  block_size: int, future_offset: int, max_query_len: Any = 1,
-                  sink_size: int = 0) -> Optional[Any]:
+def _window_bound(
+    graph: torch.fx.Graph,
+    call: torch.fx.Node,
+    bound: Any,
+    window_size: int,
+    block_size: int,
+    future_offset: int,
+    max_query_len: Any = 1,
+    sink_size: int = 0,
+) -> Optional[Any]:
     """``min(bound, W - K + b - 2 + max_query_len + S_b)`` for an int or a
     SymInt-valued node (``S_b = ceil(S / b) * b`` sink tokens); None: leave it
     (also when ``max_query_len`` is symbolic: a bound of seq_lens still bounds
     the windowed lengths, sinks included, as they are never more than seq_lens)."""
     if not isinstance(max_query_len, int):
         return None
-    cap = window.windowed_len_bound(window_size, block_size, future_offset, max_query_len,
-                                    sink_size)
+    cap = window.windowed_len_bound(
+        window_size, block_size, future_offset, max_query_len, sink_size
+    )
     if isinstance(bound, int) and not isinstance(bound, bool):
         return min(bound, cap)
     if isinstance(bound, torch.fx.Node) and isinstance(bound.meta.get("val"), torch.SymInt):

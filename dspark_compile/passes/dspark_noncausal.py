@@ -26,12 +26,17 @@ from typing import Any
 import torch
 import torch.fx
 
-from dspark_compile.config import DraftWindowConfig
 from dspark_compile.arithmetic.index_width import noncausal_width
+from dspark_compile.config import DraftWindowConfig
 from dspark_compile.passes import stats as keys
 from dspark_compile.passes.base import GraphPass
 from dspark_compile.passes.graph_utils import (
-    find_calls, get_arg, schema_index, set_arg, sync_eager_input_vals)
+    find_calls,
+    get_arg,
+    schema_index,
+    set_arg,
+    sync_eager_input_vals,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +75,14 @@ class DSparkNonCausalIndexPass(GraphPass):
                 raise ValueError(
                     f"{call.format_node()}: the draft's token count is symbolic ({num_tokens}); "
                     "the non-causal index width ceil((S_b + W + max_q_len) / 128) * 128 needs "
-                    "a static bound: compile with dynamic=False")
+                    "a static bound: compile with dynamic=False"
+                )
             block_size = get_arg(call, schema_index(causal_op, "block_size"), "block_size")
             if sinks and not isinstance(block_size, int):
                 raise ValueError(
                     f"{call.format_node()}: block_size={block_size} is not a static int; the "
-                    f"index width with sink_size={sinks} needs S_b = ceil(S / b) * b")
+                    f"index width with sink_size={sinks} needs S_b = ceil(S / b) * b"
+                )
             width = noncausal_width(window, num_tokens, sinks, block_size if sinks else None)
             call.target = noncausal_op
             set_arg(call, schema_index(noncausal_op, "window_size"), "window_size", window)
@@ -87,10 +94,16 @@ class DSparkNonCausalIndexPass(GraphPass):
             old = call.meta["val"]
             call.meta["val"] = old.new_empty((old.shape[0], width))
             for user in call.users:  # the indices they read have the new width
-                sync_eager_input_vals(user, positions=[
-                    i for i, arg in enumerate(user.args) if arg is call])
+                sync_eager_input_vals(
+                    user, positions=[i for i, arg in enumerate(user.args) if arg is call]
+                )
             stats[keys.REWRITTEN] += 1
-            logger.debug("%s -> noncausal_swa_indices(window_size=%d, width=%d, sink_size=%d)",
-                         call.name, window, width, sinks)
+            logger.debug(
+                "%s -> noncausal_swa_indices(window_size=%d, width=%d, sink_size=%d)",
+                call.name,
+                window,
+                width,
+                sinks,
+            )
         graph.lint()
         return stats

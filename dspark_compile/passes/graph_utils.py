@@ -19,9 +19,13 @@ def inductor_decompositions() -> dict:
     return select_decomp_table()
 
 
-def insert_traced(graph: torch.fx.Graph, before: torch.fx.Node, fn: Callable[..., Any],
-                  inputs: Sequence[torch.fx.Node], decompositions: Decompositions = None,
-                  ) -> Any:
+def insert_traced(
+    graph: torch.fx.Graph,
+    before: torch.fx.Node,
+    fn: Callable[..., Any],
+    inputs: Sequence[torch.fx.Node],
+    decompositions: Decompositions = None,
+) -> Any:
     """Trace ``fn(*inputs' meta values)`` to ATen and inline it before ``before``.
 
     Returns ``fn``'s output structure with tensors replaced by the new nodes.
@@ -48,8 +52,9 @@ def insert_traced(graph: torch.fx.Graph, before: torch.fx.Node, fn: Callable[...
     return result
 
 
-def _trace(fn: Callable[..., Any], fake_args: Sequence[Any],
-           decompositions: Decompositions) -> torch.fx.GraphModule:
+def _trace(
+    fn: Callable[..., Any], fake_args: Sequence[Any], decompositions: Decompositions
+) -> torch.fx.GraphModule:
     """make_fx over the graph's own fake tensors (their shape env and symbols)."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch._guards import detect_fake_mode
@@ -85,15 +90,16 @@ def set_arg(node: torch.fx.Node, index: int, name: str, value: Any) -> None:
     Also updates ``meta["eager_input_vals"]`` (see ``sync_eager_input_vals``).
     """
     if index < len(node.args):
-        node.args = node.args[:index] + (value,) + node.args[index + 1:]
+        node.args = node.args[:index] + (value,) + node.args[index + 1 :]
         sync_eager_input_vals(node, positions=(index,))
     else:
         node.kwargs = {**node.kwargs, name: value}
         sync_eager_input_vals(node, names=(name,))
 
 
-def sync_eager_input_vals(node: torch.fx.Node, positions: Iterable[int] = (),
-                          names: Iterable[str] = ()) -> None:
+def sync_eager_input_vals(
+    node: torch.fx.Node, positions: Iterable[int] = (), names: Iterable[str] = ()
+) -> None:
     """Refresh ``node.meta["eager_input_vals"]`` for the changed arguments.
 
     Inductor lays custom-op inputs out with the strides recorded there at trace

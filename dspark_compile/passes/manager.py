@@ -51,8 +51,9 @@ def new_graph_id() -> int:
 def record_pass(graph_id: int, pass_name: str, stats: dict[str, int]) -> None:
     """Record what ``pass_name`` did to graph ``graph_id`` and log it at DEBUG."""
     _RECORDS.append(PassRecord(graph_id, pass_name, dict(stats)))
-    logger.debug("graph %d: %s: %s", graph_id, pass_name,
-                 ", ".join(f"{k}={v}" for k, v in stats.items()))
+    logger.debug(
+        "graph %d: %s: %s", graph_id, pass_name, ", ".join(f"{k}={v}" for k, v in stats.items())
+    )
 
 
 GraphHook = Callable[[str, torch.fx.Graph], None]
@@ -65,9 +66,12 @@ class PassManager(CustomGraphPass):
     ``"before_<pass>"`` / ``"after_<pass>"`` around each pass (inspection).
     """
 
-    def __init__(self, passes: Sequence[GraphPass],
-                 chained: Optional[Callable[[torch.fx.Graph], None]] = None,
-                 graph_hook: Optional[GraphHook] = None) -> None:
+    def __init__(
+        self,
+        passes: Sequence[GraphPass],
+        chained: Optional[Callable[[torch.fx.Graph], None]] = None,
+        graph_hook: Optional[GraphHook] = None,
+    ) -> None:
         self.passes = list(passes)
         self.chained = chained
         self.graph_hook = graph_hook

@@ -25,8 +25,10 @@ def source_files(parts: tuple[str, ...]) -> tuple[Path, ...]:
         elif path.is_file() and path.suffix == ".py":
             files.add(path)
         else:
-            raise ValueError(f"parts entry {part!r} is invalid: expected a subpackage "
-                             f"directory or a .py module under {PACKAGE_ROOT}")
+            raise ValueError(
+                f"parts entry {part!r} is invalid: expected a subpackage "
+                f"directory or a .py module under {PACKAGE_ROOT}"
+            )
     return tuple(sorted(files))
 
 

@@ -12,17 +12,17 @@ NONCAUSAL_INDEX_PASS = "dspark_noncausal_indices"
 VLLM_DRAFT_WINDOW_PASS = "vllm_draft_window"
 
 # Stat keys shared by the window passes (ours and vLLM's).
-ATTENTION_CALLS = "attention_calls"            # attention calls found in the graph
-REWRITTEN = "rewritten"                        # calls rewired to the window
-WINDOW_COMPUTATIONS = "window_computations"    # window code blocks inserted (one per pair)
+ATTENTION_CALLS = "attention_calls"  # attention calls found in the graph
+REWRITTEN = "rewritten"  # calls rewired to the window
+WINDOW_COMPUTATIONS = "window_computations"  # window code blocks inserted (one per pair)
 HOST_MIRRORS_WINDOWED = "host_mirrors_windowed"
 UPPER_BOUNDS_WINDOWED = "upper_bounds_windowed"
-WITH_SINKS = "with_sinks"                      # of the rewritten: with attention sinks
-                                               # (draft_window: only when draft_sink_size > 0)
+WITH_SINKS = "with_sinks"  # of the rewritten: with attention sinks
+# (draft_window: only when draft_sink_size > 0)
 
 # The non-causal index pass.
-INDEX_CALLS = "index_calls"                    # dspark.swa_indices calls found
-WINDOWED = "windowed"                          # of the rewritten: W from draft_window_size
+INDEX_CALLS = "index_calls"  # dspark.swa_indices calls found
+WINDOWED = "windowed"  # of the rewritten: W from draft_window_size
 
 # The vLLM pass only.
 TARGET_UNTOUCHED = "target_untouched"

@@ -15,20 +15,39 @@ import torch.fx
 
 # Python callables torchair's FX interpreter lowers through a GE converter;
 # every other builtin callable (operator.getitem, ...) it evaluates in Python.
-_CONVERTED_BUILTINS = frozenset({
-    "operator.add", "operator.sub", "operator.mul", "operator.truediv", "operator.floordiv",
-    "operator.pow", "operator.mod", "operator.neg", "math.floor", "math.ceil"})
-_PYTHON_MODULES = {"_operator": "operator", "operator": "operator", "builtins": "builtins",
-                   "math": "math"}
+_CONVERTED_BUILTINS = frozenset(
+    {
+        "operator.add",
+        "operator.sub",
+        "operator.mul",
+        "operator.truediv",
+        "operator.floordiv",
+        "operator.pow",
+        "operator.mod",
+        "operator.neg",
+        "math.floor",
+        "math.ceil",
+    }
+)
+_PYTHON_MODULES = {
+    "_operator": "operator",
+    "operator": "operator",
+    "builtins": "builtins",
+    "math": "math",
+}
 
 
 @functools.cache
 def ge_convertible_ops() -> frozenset[str]:
     """Names of the ops torchair's GE graph mode converts (``torch.ops.aten.add.Tensor``...)."""
-    text = importlib.resources.files("dspark_compile").joinpath(
-        "data/torchair_ge_converters.txt").read_text()
-    return frozenset(line.strip() for line in text.splitlines()
-                     if line.strip() and not line.startswith("#"))
+    text = (
+        importlib.resources.files("dspark_compile")
+        .joinpath("data/torchair_ge_converters.txt")
+        .read_text()
+    )
+    return frozenset(
+        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+    )
 
 
 def op_name(target: Any) -> str:

@@ -40,8 +40,12 @@ def on_npu(example_inputs: Sequence[Any]) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == "npu" for x in example_inputs)
 
 
-def compile_with_torchair(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                          manager: PassManager, torchair_mode: str = "max-autotune"):
+def compile_with_torchair(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    manager: PassManager,
+    torchair_mode: str = "max-autotune",
+):
     """Compile ``gm`` (a Dynamo graph) for the NPU with ``manager``'s passes on its ATen graph."""
     check_choice("torchair_mode", torchair_mode, TORCHAIR_MODES)
     if torchair_mode == "npugraph_ex":
@@ -49,16 +53,22 @@ def compile_with_torchair(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     torchair = _import_or_explain("torchair", "torchair_mode=" + repr(torchair_mode))
     config = torchair.CompilerConfig()
     if not hasattr(config, "post_grad_custom_post_pass"):
-        raise RuntimeError("this torchair's CompilerConfig has no post_grad_custom_post_pass: "
-                           "upgrade torchair, or use torchair_mode='npugraph_ex'")
+        raise RuntimeError(
+            "this torchair's CompilerConfig has no post_grad_custom_post_pass: "
+            "upgrade torchair, or use torchair_mode='npugraph_ex'"
+        )
     config.mode = torchair_mode
     config.post_grad_custom_post_pass = functools.partial(_run_passes_torchair, manager)
     logger.debug("compiling for the NPU with torchair (mode %s)", torchair_mode)
     return torchair.get_npu_backend(compiler_config=config)(gm, example_inputs)
 
 
-def _run_passes_torchair(manager: PassManager, graph_module: torch.fx.GraphModule,
-                         example_inputs: Any = None, config: Any = None) -> torch.fx.GraphModule:
+def _run_passes_torchair(
+    manager: PassManager,
+    graph_module: torch.fx.GraphModule,
+    example_inputs: Any = None,
+    config: Any = None,
+) -> torch.fx.GraphModule:
     """torchair's custom-pass signature: ``pass(gm, example_inputs, config)``."""
     manager(graph_module.graph)
     graph_module.recompile()
@@ -79,13 +89,15 @@ def _compile_with_npugraph_ex(gm, example_inputs, manager: PassManager):
         return compile_fx(graph_module, inputs)
 
     logger.debug("compiling for the NPU with npugraph_ex")
-    return aot_autograd(fw_compiler=forward_compiler,
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+    return aot_autograd(fw_compiler=forward_compiler, keep_inference_input_mutations=True)(
+        gm, example_inputs
+    )
 
 
 def _import_or_explain(module: str, needed_for: str):
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise RuntimeError(f"{needed_for} needs the '{module}' package (Ascend NPU with CANN): "
-                           f"{error}") from error
+        raise RuntimeError(
+            f"{needed_for} needs the '{module}' package (Ascend NPU with CANN): {error}"
+        ) from error

@@ -14,8 +14,12 @@ from typing import Optional
 import torch
 
 from dspark_compile.arithmetic.window import (
-    compute_window, gather_window_block_table, max_window_blocks, window_seq_lens,
-    window_upper_bound)
+    compute_window,
+    gather_window_block_table,
+    max_window_blocks,
+    window_seq_lens,
+    window_upper_bound,
+)
 from dspark_compile.config import DraftWindowConfig
 from dspark_compile.validation import check_int
 
@@ -51,72 +55,124 @@ class SlidingWindowAdapter:
     tensors only.
     """
 
-    def __init__(self, window_size: int, block_size: int, max_num_reqs: int,
-                 future_offset: int = 0, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.int32, fused: Optional[bool] = None,
-                 sink_size: int = 0) -> None:
+    def __init__(
+        self,
+        window_size: int,
+        block_size: int,
+        max_num_reqs: int,
+        future_offset: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.int32,
+        fused: Optional[bool] = None,
+        sink_size: int = 0,
+    ) -> None:
         check_int("max_num_reqs", max_num_reqs)
         self.fused = fused
         self.window_size = window_size
         self.block_size = block_size
         self.future_offset = future_offset
         self.sink_size = sink_size
-        self.max_window_blocks = max_window_blocks(window_size, block_size,
-                                                   sink_size=sink_size)
+        self.max_window_blocks = max_window_blocks(window_size, block_size, sink_size=sink_size)
         self.block_table_buffer = torch.zeros(
-            (max_num_reqs, self.max_window_blocks), dtype=dtype, device=device)
+            (max_num_reqs, self.max_window_blocks), dtype=dtype, device=device
+        )
 
     @classmethod
-    def from_config(cls, config: DraftWindowConfig, max_num_reqs: int,
-                    block_size: Optional[int] = None, **kwargs) -> SlidingWindowAdapter:
+    def from_config(
+        cls,
+        config: DraftWindowConfig,
+        max_num_reqs: int,
+        block_size: Optional[int] = None,
+        **kwargs,
+    ) -> SlidingWindowAdapter:
         """An adapter with W, K and S (``draft_sink_size``) from ``config``; b from
         ``config.block_size``, else ``block_size``. ``kwargs``: device, dtype, fused."""
         if not config.enabled:
-            raise ValueError("config has draft_window_size=None: the window is off, there "
-                             "is nothing to adapt")
+            raise ValueError(
+                "config has draft_window_size=None: the window is off, there is nothing to adapt"
+            )
         b = config.block_size if config.block_size is not None else block_size
         if b is None:
-            raise ValueError("block_size=None is invalid: config.block_size is None too; "
-                             "pass the kernel block size")
-        return cls(config.draft_window_size, b, max_num_reqs,
-                   future_offset=config.resolved_future_offset,
-                   sink_size=config.draft_sink_size, **kwargs)
+            raise ValueError(
+                "block_size=None is invalid: config.block_size is None too; "
+                "pass the kernel block size"
+            )
+        return cls(
+            config.draft_window_size,
+            b,
+            max_num_reqs,
+            future_offset=config.resolved_future_offset,
+            sink_size=config.draft_sink_size,
+            **kwargs,
+        )
 
-    def apply(self, seq_lens: torch.Tensor, block_table: torch.Tensor,
-              seq_lens_cpu: Optional[torch.Tensor] = None,
-              max_seq_len: Optional[int] = None) -> WindowedMetadata:
+    def apply(
+        self,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens_cpu: Optional[torch.Tensor] = None,
+        max_seq_len: Optional[int] = None,
+    ) -> WindowedMetadata:
         """Window one step's metadata; the returned table is a view of the buffer."""
         num_reqs = seq_lens.shape[0]
         if num_reqs > self.block_table_buffer.shape[0]:
             raise ValueError(
                 f"seq_lens has {num_reqs} requests but the adapter was built for "
-                f"max_num_reqs={self.block_table_buffer.shape[0]}")
+                f"max_num_reqs={self.block_table_buffer.shape[0]}"
+            )
         if block_table.shape[0] != num_reqs:
             raise ValueError(
                 f"block_table has {block_table.shape[0]} rows, expected one per request "
-                f"({num_reqs})")
+                f"({num_reqs})"
+            )
         out = self.block_table_buffer[:num_reqs]
         if self.fused if self.fused is not None else seq_lens.is_cuda:
             from dspark_compile.kernels.window_metadata import window_metadata_triton
 
             windowed_len, start, _ = window_metadata_triton(
-                seq_lens, block_table, self.window_size, self.block_size, self.future_offset,
-                out_table=out, sink_size=self.sink_size)
+                seq_lens,
+                block_table,
+                self.window_size,
+                self.block_size,
+                self.future_offset,
+                out_table=out,
+                sink_size=self.sink_size,
+            )
         else:
-            bounds = compute_window(seq_lens, self.window_size, self.block_size,
-                                    self.future_offset, sink_size=self.sink_size)
-            out.copy_(gather_window_block_table(block_table, bounds.start_block, bounds.needed,
-                                                self.max_window_blocks, bounds.kept_sinks))
+            bounds = compute_window(
+                seq_lens,
+                self.window_size,
+                self.block_size,
+                self.future_offset,
+                sink_size=self.sink_size,
+            )
+            out.copy_(
+                gather_window_block_table(
+                    block_table,
+                    bounds.start_block,
+                    bounds.needed,
+                    self.max_window_blocks,
+                    bounds.kept_sinks,
+                )
+            )
             windowed_len, start = bounds.windowed_len, bounds.start
         return WindowedMetadata(
             seq_lens=windowed_len,
             block_table=out,
             full_block_table=block_table,
             start=start,
-            seq_lens_cpu=None if seq_lens_cpu is None else window_seq_lens(
-                seq_lens_cpu, self.window_size, self.block_size, self.future_offset,
-                self.sink_size),
-            max_seq_len=None if max_seq_len is None else window_upper_bound(
-                max_seq_len, self.window_size, self.block_size, self.future_offset,
-                sink_size=self.sink_size),
+            seq_lens_cpu=None
+            if seq_lens_cpu is None
+            else window_seq_lens(
+                seq_lens_cpu, self.window_size, self.block_size, self.future_offset, self.sink_size
+            ),
+            max_seq_len=None
+            if max_seq_len is None
+            else window_upper_bound(
+                max_seq_len,
+                self.window_size,
+                self.block_size,
+                self.future_offset,
+                sink_size=self.sink_size,
+            ),
         )

@@ -7,11 +7,25 @@ decodes with any pair implementing :class:`PagedModel`.
 
 from dspark_compile.speculative.lm import LMConfig, TransformerLM
 from dspark_compile.speculative.loop import (
-    SpecResult, SpeculativeDecoder, compile_draft, target_greedy_decode)
+    SpecResult,
+    SpeculativeDecoder,
+    compile_draft,
+    target_greedy_decode,
+)
 from dspark_compile.speculative.paged_cache import PagedKVCache, StepInputs
 from dspark_compile.speculative.protocol import PagedModel
 from dspark_compile.speculative.sampling import greedy_verify, rejection_sample
 
-__all__ = ["LMConfig", "PagedKVCache", "PagedModel", "SpecResult", "SpeculativeDecoder",
-           "StepInputs", "TransformerLM", "compile_draft", "greedy_verify", "rejection_sample",
-           "target_greedy_decode"]
+__all__ = [
+    "LMConfig",
+    "PagedKVCache",
+    "PagedModel",
+    "SpecResult",
+    "SpeculativeDecoder",
+    "StepInputs",
+    "TransformerLM",
+    "compile_draft",
+    "greedy_verify",
+    "rejection_sample",
+    "target_greedy_decode",
+]

@@ -33,8 +33,10 @@ def goal_check(results: list[dict], contexts: tuple[int, ...], draft_context: in
         best = max(windowed_long, key=lambda r: r["tau"])
         tau0 = base["tau"]
         out[family] = {
-            "tau_short": tau0, "tau_short_no_window": none_short["tau"],
-            "tau_long_no_window": none_long["tau"], "tau_long_best_window": best["tau"],
+            "tau_short": tau0,
+            "tau_short_no_window": none_short["tau"],
+            "tau_long_no_window": none_long["tau"],
+            "tau_long_best_window": best["tau"],
             "best_window": best["window"],
             "no_window_ratio": none_long["tau"] / tau0,
             "best_window_ratio": best["tau"] / tau0,
@@ -48,8 +50,11 @@ def sink_check(results: list[dict]) -> dict:
     """Per family and sink setting: tau with sinks minus tau with the same window
     alone, per context (``{family: {setting: {context: (tau_w, tau_ws, delta)}}}``)."""
     out: dict = {}
-    window_only = {(r["family"], r["window"], r["context"]): r["tau"] for r in results
-                   if r["window"] is not None and not r.get("sink_size")}
+    window_only = {
+        (r["family"], r["window"], r["context"]): r["tau"]
+        for r in results
+        if r["window"] is not None and not r.get("sink_size")
+    }
     for r in results:
         if not r.get("sink_size"):
             continue
@@ -57,5 +62,8 @@ def sink_check(results: list[dict]) -> dict:
         if base is None:
             continue
         out.setdefault(r["family"], {}).setdefault(r["setting"], {})[r["context"]] = (
-            base, r["tau"], r["tau"] - base)
+            base,
+            r["tau"],
+            r["tau"] - base,
+        )
     return out

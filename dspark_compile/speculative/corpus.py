@@ -36,26 +36,37 @@ class Corpus:
     eval_files: list[str]
 
     def manifest(self) -> dict:
-        return {"root": self.root, "python_version": self.python_version,
-                "train_bytes": int(self.train.numel()), "eval_bytes": int(self.eval.numel()),
-                "train_files": len(self.train_files), "eval_files": self.eval_files,
-                "rule": "*.py under the stdlib, minus site-packages/test/tests/idle_test; "
-                        "held out when sha256(relative path)[-1] < 256 * eval_fraction"}
+        return {
+            "root": self.root,
+            "python_version": self.python_version,
+            "train_bytes": int(self.train.numel()),
+            "eval_bytes": int(self.eval.numel()),
+            "train_files": len(self.train_files),
+            "eval_files": self.eval_files,
+            "rule": "*.py under the stdlib, minus site-packages/test/tests/idle_test; "
+            "held out when sha256(relative path)[-1] < 256 * eval_fraction",
+        }
 
 
 def stdlib_files(root: Optional[str] = None) -> list[Path]:
     base = Path(root or sysconfig.get_paths()["stdlib"])
-    return sorted((p for p in base.rglob("*.py")
-                   if not EXCLUDED_DIRS.intersection(p.relative_to(base).parts[:-1])),
-                  key=lambda p: p.relative_to(base).as_posix())
+    return sorted(
+        (
+            p
+            for p in base.rglob("*.py")
+            if not EXCLUDED_DIRS.intersection(p.relative_to(base).parts[:-1])
+        ),
+        key=lambda p: p.relative_to(base).as_posix(),
+    )
 
 
 def is_held_out(relative_path: str, eval_fraction: float) -> bool:
     return hashlib.sha256(relative_path.encode()).digest()[-1] < 256 * eval_fraction
 
 
-def load_corpus(eval_fraction: float = 0.05, max_bytes: Optional[int] = None,
-                root: Optional[str] = None) -> Corpus:
+def load_corpus(
+    eval_fraction: float = 0.05, max_bytes: Optional[int] = None, root: Optional[str] = None
+) -> Corpus:
     """Read the stdlib corpus. ``max_bytes`` caps the training bytes (files in
     sorted order until the cap; the held-out set is never capped below 1 file)."""
     if not 0 < eval_fraction < 1:
@@ -77,19 +88,23 @@ def load_corpus(eval_fraction: float = 0.05, max_bytes: Optional[int] = None,
             train_files.append(rel)
             train_size += len(data) + 1
     if not train or not held:
-        raise ValueError(f"the stdlib at {base} gave {len(train)} training and {len(held)} "
-                         "held-out files: expected at least one of each")
+        raise ValueError(
+            f"the stdlib at {base} gave {len(train)} training and {len(held)} "
+            "held-out files: expected at least one of each"
+        )
 
     def join(parts: list[bytes]) -> torch.Tensor:
         blob = bytes([SEPARATOR]).join(parts)
         return torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
 
-    return Corpus(str(base), sys.version.split()[0], join(train), join(held), train_files,
-                  eval_files)
+    return Corpus(
+        str(base), sys.version.split()[0], join(train), join(held), train_files, eval_files
+    )
 
 
-def random_windows(data: torch.Tensor, batch: int, length: int,
-                   generator: torch.Generator) -> torch.Tensor:
+def random_windows(
+    data: torch.Tensor, batch: int, length: int, generator: torch.Generator
+) -> torch.Tensor:
     """``[batch, length + 1]`` int64 windows at random offsets (inputs + next-byte labels)."""
     if data.numel() <= length + 1:
         raise ValueError(f"length={length} is invalid: the data has only {data.numel()} bytes")

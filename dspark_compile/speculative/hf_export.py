@@ -47,8 +47,10 @@ def vllm_eagle_lm(cfg: LMConfig, seed: int = 0) -> TransformerLM:
     no final norm (its returned hidden is what ``lm_head`` reads, and what vLLM
     feeds back as the next feature)."""
     if cfg.feature_size != cfg.hidden_size:
-        raise ValueError(f"feature_size={cfg.feature_size} is invalid: vLLM's EAGLE layout "
-                         f"needs feature_size == hidden_size ({cfg.hidden_size})")
+        raise ValueError(
+            f"feature_size={cfg.feature_size} is invalid: vLLM's EAGLE layout "
+            f"needs feature_size == hidden_size ({cfg.hidden_size})"
+        )
     model = TransformerLM(cfg, seed=seed)
     model.layers[0].attn_norm = nn.Identity()
     model.norm = nn.Identity()
@@ -59,28 +61,47 @@ def is_vllm_eagle(model: TransformerLM) -> bool:
     return model.cfg.feature_size > 0 and isinstance(model.norm, nn.Identity)
 
 
-def llama_config(cfg: LMConfig, *, max_position_embeddings: int,
-                 training_context: Optional[int] = None, eagle: bool = False,
-                 extra: Optional[dict] = None) -> dict:
+def llama_config(
+    cfg: LMConfig,
+    *,
+    max_position_embeddings: int,
+    training_context: Optional[int] = None,
+    eagle: bool = False,
+    extra: Optional[dict] = None,
+) -> dict:
     """The HF ``config.json`` of ``cfg`` (a Llama; ``eagle``: vLLM's EAGLE draft,
     which vLLM names ``EagleLlamaForCausalLM`` from ``LlamaForCausalLM``)."""
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "max_position_embeddings": max_position_embeddings,
-        "rms_norm_eps": cfg.eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-        "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": 0,
-        "pad_token_id": None, "initializer_range": 0.02,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": cfg.eps,
+        "rope_theta": cfg.rope_theta,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": None,
+        "eos_token_id": 0,
+        "pad_token_id": None,
+        "initializer_range": 0.02,
     }
     if training_context is not None:
         config[TRAINING_CONTEXT_KEY] = training_context
     if eagle:
-        config["dspark_layout"] = ("vLLM EagleLlamaForCausalLM (method 'eagle'): fc, layers "
-                                   "(layer 0 without input_layernorm), no final norm; "
-                                   "embed_tokens and lm_head shared from the target")
+        config["dspark_layout"] = (
+            "vLLM EagleLlamaForCausalLM (method 'eagle'): fc, layers "
+            "(layer 0 without input_layernorm), no final norm; "
+            "embed_tokens and lm_head shared from the target"
+        )
     config.update(extra or {})
     return config
 
@@ -93,24 +114,34 @@ def _layer_state(model: TransformerLM, prefix: str, skip_input_norm: bool) -> di
         gate, up = layer.gate_up.weight.chunk(2, dim=0)
         if not (skip_input_norm and i == 0):
             out[p + "input_layernorm.weight"] = layer.attn_norm.weight
-        out.update({
-            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-            p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": layer.o_proj.weight,
-            p + "post_attention_layernorm.weight": layer.mlp_norm.weight,
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.down.weight,
-        })
+        out.update(
+            {
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": layer.o_proj.weight,
+                p + "post_attention_layernorm.weight": layer.mlp_norm.weight,
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.down.weight,
+            }
+        )
     return out
 
 
 def llama_state_dict(model: TransformerLM) -> dict[str, torch.Tensor]:
     """HF ``LlamaForCausalLM`` weights of a plain (feature-less) ``TransformerLM``."""
     if model.cfg.feature_size:
-        raise ValueError("llama_state_dict needs a plain LM (feature_size == 0); "
-                         "use eagle_state_dict for an EAGLE draft")
-    out = {"model.embed_tokens.weight": model.embed.weight,
-           **_layer_state(model, "model.", skip_input_norm=False),
-           "model.norm.weight": model.norm.weight, "lm_head.weight": model.lm_head.weight}
+        raise ValueError(
+            "llama_state_dict needs a plain LM (feature_size == 0); "
+            "use eagle_state_dict for an EAGLE draft"
+        )
+    out = {
+        "model.embed_tokens.weight": model.embed.weight,
+        **_layer_state(model, "model.", skip_input_norm=False),
+        "model.norm.weight": model.norm.weight,
+        "lm_head.weight": model.lm_head.weight,
+    }
     return {k: v.detach().float().cpu().contiguous() for k, v in out.items()}
 
 
@@ -119,8 +150,7 @@ def eagle_state_dict(model: TransformerLM) -> dict[str, torch.Tensor]:
     prefixes ``model.`` itself and shares the target's embedding and ``lm_head``)."""
     if not is_vllm_eagle(model):
         raise ValueError("eagle_state_dict needs a model built by vllm_eagle_lm")
-    out = {"fc.weight": model.feature_proj.weight,
-           **_layer_state(model, "", skip_input_norm=True)}
+    out = {"fc.weight": model.feature_proj.weight, **_layer_state(model, "", skip_input_norm=True)}
     return {k: v.detach().float().cpu().contiguous() for k, v in out.items()}
 
 
@@ -134,49 +164,84 @@ def save_checkpoint(path: Path, state: dict[str, torch.Tensor], config: dict) ->
     return path
 
 
-def export_llama(model: TransformerLM, path: Path, *, max_position_embeddings: int,
-                 training_context: int, extra: Optional[dict] = None) -> Path:
-    return save_checkpoint(path, llama_state_dict(model),
-                           llama_config(model.cfg, max_position_embeddings=max_position_embeddings,
-                                        training_context=training_context, extra=extra))
+def export_llama(
+    model: TransformerLM,
+    path: Path,
+    *,
+    max_position_embeddings: int,
+    training_context: int,
+    extra: Optional[dict] = None,
+) -> Path:
+    return save_checkpoint(
+        path,
+        llama_state_dict(model),
+        llama_config(
+            model.cfg,
+            max_position_embeddings=max_position_embeddings,
+            training_context=training_context,
+            extra=extra,
+        ),
+    )
 
 
-def export_eagle(model: TransformerLM, path: Path, *, max_position_embeddings: int,
-                 training_context: int, extra: Optional[dict] = None) -> Path:
-    return save_checkpoint(path, eagle_state_dict(model),
-                           llama_config(model.cfg, max_position_embeddings=max_position_embeddings,
-                                        training_context=training_context, eagle=True,
-                                        extra=extra))
+def export_eagle(
+    model: TransformerLM,
+    path: Path,
+    *,
+    max_position_embeddings: int,
+    training_context: int,
+    extra: Optional[dict] = None,
+) -> Path:
+    return save_checkpoint(
+        path,
+        eagle_state_dict(model),
+        llama_config(
+            model.cfg,
+            max_position_embeddings=max_position_embeddings,
+            training_context=training_context,
+            eagle=True,
+            extra=extra,
+        ),
+    )
 
 
 def _config_of(config: dict, feature_size: int = 0) -> LMConfig:
-    return LMConfig(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-                    num_layers=config["num_hidden_layers"],
-                    num_heads=config["num_attention_heads"],
-                    num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
-                    intermediate_size=config["intermediate_size"], feature_size=feature_size,
-                    rope_theta=float(config.get("rope_theta", 10000.0)),
-                    eps=float(config["rms_norm_eps"]))
+    return LMConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"],
+        num_kv_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"],
+        intermediate_size=config["intermediate_size"],
+        feature_size=feature_size,
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        eps=float(config["rms_norm_eps"]),
+    )
 
 
 def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
     path = Path(path)
-    return json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
+    return json.loads((path / "config.json").read_text()), load_file(
+        str(path / "model.safetensors")
+    )
 
 
 def _load_layers(model: TransformerLM, state: dict, prefix: str, skip_input_norm: bool) -> None:
     for i, layer in enumerate(model.layers):
         p = f"{prefix}layers.{i}."
-        layer.qkv.weight.copy_(torch.cat([state[p + f"self_attn.{n}_proj.weight"]
-                                          for n in "qkv"], dim=0))
+        layer.qkv.weight.copy_(
+            torch.cat([state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
+        )
         layer.o_proj.weight.copy_(state[p + "self_attn.o_proj.weight"])
         if not (skip_input_norm and i == 0):
             layer.attn_norm.weight.copy_(state[p + "input_layernorm.weight"])
         layer.mlp_norm.weight.copy_(state[p + "post_attention_layernorm.weight"])
-        layer.gate_up.weight.copy_(torch.cat([state[p + "mlp.gate_proj.weight"],
-                                              state[p + "mlp.up_proj.weight"]], dim=0))
+        layer.gate_up.weight.copy_(
+            torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]], dim=0)
+        )
         layer.down.weight.copy_(state[p + "mlp.down_proj.weight"])
 
 

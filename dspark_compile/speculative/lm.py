@@ -39,14 +39,23 @@ class LMConfig:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "intermediate_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}={value!r} is invalid: expected a positive int")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is invalid: expected a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} is invalid: expected a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} is invalid: expected an even int (RoPE)")
         if not isinstance(self.feature_size, int) or self.feature_size < 0:
@@ -75,7 +84,8 @@ class Block(nn.Module):
     def _qkv(self, hidden: torch.Tensor, positions: torch.Tensor):
         cfg = self.cfg
         q, k, v = self.qkv(self.attn_norm(hidden)).split(
-            [self.q_size, self.kv_size, self.kv_size], dim=-1)
+            [self.q_size, self.kv_size, self.kv_size], dim=-1
+        )
         q = apply_rope(q.reshape(-1, cfg.num_heads, cfg.head_dim), positions, cfg.rope_theta)
         k = apply_rope(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
         return q, k, v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
@@ -91,12 +101,29 @@ class Block(nn.Module):
         out = out.transpose(1, 2).reshape(batch, seq, self.q_size)
         return self._mlp(hidden + self.o_proj(out))
 
-    def forward(self, hidden, positions, key_cache, value_cache, block_table, seq_lens,
-                query_start_loc, slot_mapping):
+    def forward(
+        self,
+        hidden,
+        positions,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        slot_mapping,
+    ):
         q, k, v = self._qkv(hidden, positions)
         torch.ops.dspark.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
-        out = torch.ops.dspark.paged_attention(q, key_cache, value_cache, block_table, seq_lens,
-                                               query_start_loc, self.cfg.head_dim ** -0.5, True)
+        out = torch.ops.dspark.paged_attention(
+            q,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            self.cfg.head_dim**-0.5,
+            True,
+        )
         return self._mlp(hidden + self.o_proj(out.reshape(-1, self.q_size)))
 
 
@@ -110,8 +137,11 @@ class TransformerLM(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-            self.feature_proj = (nn.Linear(cfg.hidden_size + cfg.feature_size, cfg.hidden_size,
-                                           bias=False) if cfg.feature_size else None)
+            self.feature_proj = (
+                nn.Linear(cfg.hidden_size + cfg.feature_size, cfg.hidden_size, bias=False)
+                if cfg.feature_size
+                else None
+            )
             self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -144,10 +174,18 @@ class TransformerLM(nn.Module):
         hidden = self.norm(hidden)
         return self.lm_head(hidden).float(), hidden
 
-    def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor],
-                block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                slot_mapping: torch.Tensor):
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        key_caches: Sequence[torch.Tensor],
+        value_caches: Sequence[torch.Tensor],
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ):
         """Paged forward of ``T`` new tokens of one or more requests.
 
         ``tokens [T]`` int64, ``features [T, F]`` (``[T, 0]`` when ``feature_size == 0``),
@@ -158,8 +196,16 @@ class TransformerLM(nn.Module):
         """
         hidden = self._input(tokens, features)
         for layer, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
-            hidden = layer(hidden, positions, key_cache, value_cache, block_table, seq_lens,
-                           query_start_loc, slot_mapping)
+            hidden = layer(
+                hidden,
+                positions,
+                key_cache,
+                value_cache,
+                block_table,
+                seq_lens,
+                query_start_loc,
+                slot_mapping,
+            )
         hidden = self.norm(hidden)
         return self.lm_head(hidden).float(), hidden
 

@@ -47,9 +47,13 @@ def _ensure_backend_registered() -> None:
         register_backend(compiler_fn=dspark_backend, name="dspark")
 
 
-def compile_draft(draft: torch.nn.Module, window_size: Optional[int],
-                  block_size: Optional[int] = None, lowering: str = "inductor",
-                  extra_options: Optional[dict] = None) -> Callable:
+def compile_draft(
+    draft: torch.nn.Module,
+    window_size: Optional[int],
+    block_size: Optional[int] = None,
+    lowering: str = "inductor",
+    extra_options: Optional[dict] = None,
+) -> Callable:
     """``torch.compile(draft, backend="dspark")`` with the window on (``window_size``
     tokens, future offset 0: the loop's ``seq_lens`` always include the draft's
     current queries) or off (``None``).
@@ -61,8 +65,13 @@ def compile_draft(draft: torch.nn.Module, window_size: Optional[int],
     one for any longer query (catch-up steps of 2 .. K+1 tokens, prefill chunks).
     """
     _ensure_backend_registered()
-    options = {"draft_window_size": window_size, "future_offset": 0, "block_size": block_size,
-               "lowering": lowering, **(extra_options or {})}
+    options = {
+        "draft_window_size": window_size,
+        "future_offset": 0,
+        "block_size": block_size,
+        "lowering": lowering,
+        **(extra_options or {}),
+    }
     return torch.compile(draft, backend="dspark", options=options)
 
 
@@ -100,8 +109,10 @@ class SpecResult:
     @property
     def acceptance_per_position(self) -> list[float]:
         """Fraction of rounds whose draft token j (1-based) was accepted, j = 1 .. K."""
-        return [sum(a >= j for a in self.accepted) / max(self.rounds, 1)
-                for j in range(1, self.num_speculative_tokens + 1)]
+        return [
+            sum(a >= j for a in self.accepted) / max(self.rounds, 1)
+            for j in range(1, self.num_speculative_tokens + 1)
+        ]
 
     @property
     def draft_tokens_per_s(self) -> float:
@@ -109,8 +120,11 @@ class SpecResult:
 
     @property
     def target_tokens_per_s(self) -> float:
-        return (self.rounds * (self.num_speculative_tokens + 1) / self.target_s
-                if self.target_s else 0.0)
+        return (
+            self.rounds * (self.num_speculative_tokens + 1) / self.target_s
+            if self.target_s
+            else 0.0
+        )
 
     @property
     def tokens_per_s(self) -> float:
@@ -118,12 +132,17 @@ class SpecResult:
         return self.committed_tokens / self.decode_s if self.decode_s else 0.0
 
     def summary(self) -> dict:
-        return {"tau": self.tau, "rounds": self.rounds,
-                "acceptance_per_position": self.acceptance_per_position,
-                "draft_tokens_per_s": self.draft_tokens_per_s,
-                "target_tokens_per_s": self.target_tokens_per_s,
-                "tokens_per_s": self.tokens_per_s, "target_prefill_s": self.target_prefill_s,
-                "draft_prefill_s": self.draft_prefill_s, "draft_nll": self.draft_nll}
+        return {
+            "tau": self.tau,
+            "rounds": self.rounds,
+            "acceptance_per_position": self.acceptance_per_position,
+            "draft_tokens_per_s": self.draft_tokens_per_s,
+            "target_tokens_per_s": self.target_tokens_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "target_prefill_s": self.target_prefill_s,
+            "draft_prefill_s": self.draft_prefill_s,
+            "draft_nll": self.draft_nll,
+        }
 
 
 def _sync(device: torch.device) -> None:
@@ -148,25 +167,41 @@ class SpeculativeDecoder:
     a compiled draft does not recompile per prompt length (None: sized per request).
     """
 
-    def __init__(self, target: PagedModel, draft: PagedModel, *, num_speculative_tokens: int = 5,
-                 temperature: float = 0.0, draft_fn: Optional[Callable] = None,
-                 block_size: int = 16, draft_prefill_chunk: Optional[int] = None,
-                 max_len: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        target: PagedModel,
+        draft: PagedModel,
+        *,
+        num_speculative_tokens: int = 5,
+        temperature: float = 0.0,
+        draft_fn: Optional[Callable] = None,
+        block_size: int = 16,
+        draft_prefill_chunk: Optional[int] = None,
+        max_len: Optional[int] = None,
+    ) -> None:
         if not isinstance(num_speculative_tokens, int) or num_speculative_tokens <= 0:
-            raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r} is invalid: "
-                             "expected a positive int")
+            raise ValueError(
+                f"num_speculative_tokens={num_speculative_tokens!r} is invalid: "
+                "expected a positive int"
+            )
         if temperature < 0:
             raise ValueError(f"temperature={temperature!r} is invalid: expected >= 0 (0: greedy)")
         if draft_prefill_chunk is not None and draft_prefill_chunk <= 0:
-            raise ValueError(f"draft_prefill_chunk={draft_prefill_chunk!r} is invalid: "
-                             "expected a positive int or None")
+            raise ValueError(
+                f"draft_prefill_chunk={draft_prefill_chunk!r} is invalid: "
+                "expected a positive int or None"
+            )
         for name, model in (("target", target), ("draft", draft)):
             if not isinstance(model, PagedModel):
-                raise ValueError(f"{name}={type(model).__name__} is invalid: expected a model "
-                                 "with feature_size, kv_cache_shape and forward (PagedModel)")
+                raise ValueError(
+                    f"{name}={type(model).__name__} is invalid: expected a model "
+                    "with feature_size, kv_cache_shape and forward (PagedModel)"
+                )
         if target.feature_size:
-            raise ValueError(f"target.feature_size={target.feature_size} is invalid: "
-                             "the target must read tokens only (0)")
+            raise ValueError(
+                f"target.feature_size={target.feature_size} is invalid: "
+                "the target must read tokens only (0)"
+            )
         self.target, self.draft = target, draft
         self.draft_fn = draft if draft_fn is None else draft_fn
         self.k = num_speculative_tokens
@@ -190,8 +225,17 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _call(fn, tokens, features, cache: PagedKVCache, step: StepInputs):
-        return fn(tokens, features, step.positions, cache.key_caches, cache.value_caches,
-                  step.block_table, step.seq_lens, step.query_start_loc, step.slot_mapping)
+        return fn(
+            tokens,
+            features,
+            step.positions,
+            cache.key_caches,
+            cache.value_caches,
+            step.block_table,
+            step.seq_lens,
+            step.query_start_loc,
+            step.slot_mapping,
+        )
 
     def _call_draft(self, tokens, features, cache: PagedKVCache, step: StepInputs):
         """The draft's forward with fresh contiguous per-token inputs (no views: a view's
@@ -202,11 +246,26 @@ class SpeculativeDecoder:
             for t in per_token:
                 torch._dynamo.mark_dynamic(t, 0)
         tokens, features, positions, slot_mapping = per_token
-        return self.draft_fn(tokens, features, positions, cache.key_caches, cache.value_caches,
-                             step.block_table, step.seq_lens, step.query_start_loc, slot_mapping)
+        return self.draft_fn(
+            tokens,
+            features,
+            positions,
+            cache.key_caches,
+            cache.value_caches,
+            step.block_table,
+            step.seq_lens,
+            step.query_start_loc,
+            slot_mapping,
+        )
 
-    def _draft_catch_up(self, cache: PagedKVCache, seq: torch.Tensor, features: torch.Tensor,
-                        end: int, nll_start: Optional[int] = None):
+    def _draft_catch_up(
+        self,
+        cache: PagedKVCache,
+        seq: torch.Tensor,
+        features: torch.Tensor,
+        end: int,
+        nll_start: Optional[int] = None,
+    ):
         """Draft forward over positions ``[cache.length, end)``; returns the last position's
         (logits, hidden) and, with ``nll_start``, the mean NLL of the draft's next-token
         predictions at positions ``[nll_start, end - 1)`` (nats per token)."""
@@ -217,69 +276,89 @@ class SpeculativeDecoder:
             start = cache.length
             count = min(chunk, end - start)
             step = cache.step(count)
-            logits, hidden = self._call_draft(seq[start:start + count],
-                                              features[start:start + count], cache, step)
+            logits, hidden = self._call_draft(
+                seq[start : start + count], features[start : start + count], cache, step
+            )
             if nll_start is not None:
                 lo, hi = max(start, nll_start), min(start + count, end - 1)
                 if hi > lo:
                     nll_sum = nll_sum + F.cross_entropy(
-                        logits[lo - start:hi - start].float(), seq[lo + 1:hi + 1],
-                        reduction="sum")
+                        logits[lo - start : hi - start].float(),
+                        seq[lo + 1 : hi + 1],
+                        reduction="sum",
+                    )
                     nll_count += hi - lo
         nll = float(nll_sum) / nll_count if nll_count else None
         return logits[-1], hidden[-1], nll
 
     # -- the loop -------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0,
-                 nll_tail: int = 0) -> SpecResult:
+    def generate(
+        self, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0, nll_tail: int = 0
+    ) -> SpecResult:
         """Decode ``max_new_tokens`` after ``prompt [n]`` (int64 token ids).
 
         ``nll_tail > 0`` also reports the draft's NLL on the prompt's last
         ``nll_tail`` next-token predictions (computed during its prefill).
         """
         if prompt.dim() != 1 or prompt.numel() == 0:
-            raise ValueError(f"prompt has shape {tuple(prompt.shape)}: expected a non-empty 1-D "
-                             "tensor of token ids")
+            raise ValueError(
+                f"prompt has shape {tuple(prompt.shape)}: expected a non-empty 1-D "
+                "tensor of token ids"
+            )
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: expected a "
-                             "positive int")
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens!r} is invalid: expected a positive int"
+            )
         k, device = self.k, self.device
         generator = torch.Generator().manual_seed(seed)
         n = prompt.numel()
         capacity = n + max_new_tokens + 2 * k + 2
         if self.max_len is not None:
             if capacity > self.max_len:
-                raise ValueError(f"max_new_tokens={max_new_tokens} is invalid for a prompt of {n} "
-                                 f"tokens: {capacity} cache slots (prompt + new + 2K + 2) "
-                                 f"exceed max_len={self.max_len}")
+                raise ValueError(
+                    f"max_new_tokens={max_new_tokens} is invalid for a prompt of {n} "
+                    f"tokens: {capacity} cache slots (prompt + new + 2K + 2) "
+                    f"exceed max_len={self.max_len}"
+                )
             capacity = self.max_len
-        target_cache = PagedKVCache(*self.target.kv_cache_shape, capacity, self.block_size,
-                                    self.dtype, device, seed=seed)
-        draft_cache = PagedKVCache(*self.draft.kv_cache_shape, capacity, self.block_size,
-                                   _model_device_dtype(self.draft)[1], device, seed=seed + 1)
+        target_cache = PagedKVCache(
+            *self.target.kv_cache_shape, capacity, self.block_size, self.dtype, device, seed=seed
+        )
+        draft_cache = PagedKVCache(
+            *self.draft.kv_cache_shape,
+            capacity,
+            self.block_size,
+            _model_device_dtype(self.draft)[1],
+            device,
+            seed=seed + 1,
+        )
         seq = torch.zeros(capacity, dtype=torch.long, device=device)
         seq[:n] = prompt.to(device)
         no_features = torch.zeros(capacity, 0, device=device, dtype=self.dtype)
         eagle = self.draft.feature_size > 0
         # features[p] = the target's hidden at p - 1 (the EAGLE-style draft's input at p)
-        features = (torch.zeros(capacity + 1, self.draft.feature_size, device=device,
-                                dtype=self.dtype) if eagle else no_features)
+        features = (
+            torch.zeros(capacity + 1, self.draft.feature_size, device=device, dtype=self.dtype)
+            if eagle
+            else no_features
+        )
 
         _sync(device)
         t0 = time.perf_counter()
-        logits, hidden = self._call(self.target, seq[:n], no_features[:n], target_cache,
-                                    target_cache.step(n))
+        logits, hidden = self._call(
+            self.target, seq[:n], no_features[:n], target_cache, target_cache.step(n)
+        )
         first, _ = self._pick(logits[-1], generator)
-        seq[n:n + 1] = first
+        seq[n : n + 1] = first
         if eagle:
-            features[1:n + 1] = hidden
+            features[1 : n + 1] = hidden
         _sync(device)
         t1 = time.perf_counter()
         length = n + 1
         draft_logits, draft_hidden, nll = self._draft_catch_up(
-            draft_cache, seq, features, length,
-            nll_start=max(n - nll_tail, 0) if nll_tail else None)
+            draft_cache, seq, features, length, nll_start=max(n - nll_tail, 0) if nll_tail else None
+        )
         _sync(device)
         t2 = time.perf_counter()
 
@@ -288,8 +367,9 @@ class SpeculativeDecoder:
         while length - n < max_new_tokens:
             r0 = time.perf_counter()
             if draft_cache.length < length:
-                draft_logits, draft_hidden, _ = self._draft_catch_up(draft_cache, seq, features,
-                                                                     length)
+                draft_logits, draft_hidden, _ = self._draft_catch_up(
+                    draft_cache, seq, features, length
+                )
             proposals, draft_probs = [], []
             for j in range(k):
                 token, probs = self._pick(draft_logits, generator)
@@ -298,26 +378,34 @@ class SpeculativeDecoder:
                 if j + 1 < k:
                     feat = draft_hidden.unsqueeze(0) if eagle else no_features[:1]
                     draft_logits, draft_hidden = self._call_draft(
-                        token, feat, draft_cache, draft_cache.step(1))
+                        token, feat, draft_cache, draft_cache.step(1)
+                    )
                     draft_logits, draft_hidden = draft_logits[-1], draft_hidden[-1]
             draft_tokens = torch.cat(proposals)
             _sync(device)
             r1 = time.perf_counter()
-            verify_tokens = torch.cat([seq[length - 1:length], draft_tokens])
+            verify_tokens = torch.cat([seq[length - 1 : length], draft_tokens])
             target_logits, target_hidden = self._call(
-                self.target, verify_tokens, no_features[:k + 1], target_cache,
-                target_cache.step(k + 1))
+                self.target,
+                verify_tokens,
+                no_features[: k + 1],
+                target_cache,
+                target_cache.step(k + 1),
+            )
             if self.temperature == 0:
                 accepted, next_token = greedy_verify(draft_tokens[None], target_logits[None])
             else:
                 accepted, next_token = rejection_sample(
-                    draft_tokens[None].cpu(), torch.stack(draft_probs)[None].cpu(),
-                    self._probs(target_logits)[None].cpu(), generator)
+                    draft_tokens[None].cpu(),
+                    torch.stack(draft_probs)[None].cpu(),
+                    self._probs(target_logits)[None].cpu(),
+                    generator,
+                )
             a = int(accepted[0])
-            seq[length:length + a] = draft_tokens[:a]
+            seq[length : length + a] = draft_tokens[:a]
             seq[length + a] = next_token[0].to(device)
             if eagle:
-                features[length:length + a + 1] = target_hidden[:a + 1]
+                features[length : length + a + 1] = target_hidden[: a + 1]
             _sync(device)
             r2 = time.perf_counter()
             target_cache.truncate(length + a)
@@ -328,15 +416,24 @@ class SpeculativeDecoder:
             target_s += r2 - r1
         t3 = time.perf_counter()
         return SpecResult(
-            tokens=seq[n:n + max_new_tokens].tolist(), accepted=accepted_counts,
-            num_speculative_tokens=k, prompt_len=n, target_prefill_s=t1 - t0,
-            draft_prefill_s=t2 - t1, draft_s=draft_s, target_s=target_s, decode_s=t3 - t2,
-            committed_tokens=length - n - 1, draft_nll=nll)
+            tokens=seq[n : n + max_new_tokens].tolist(),
+            accepted=accepted_counts,
+            num_speculative_tokens=k,
+            prompt_len=n,
+            target_prefill_s=t1 - t0,
+            draft_prefill_s=t2 - t1,
+            draft_s=draft_s,
+            target_s=target_s,
+            decode_s=t3 - t2,
+            committed_tokens=length - n - 1,
+            draft_nll=nll,
+        )
 
 
 @torch.no_grad()
-def target_greedy_decode(target: PagedModel, prompt: torch.Tensor, max_new_tokens: int,
-                         block_size: int = 16) -> tuple[list[int], float]:
+def target_greedy_decode(
+    target: PagedModel, prompt: torch.Tensor, max_new_tokens: int, block_size: int = 16
+) -> tuple[list[int], float]:
     """The target alone, greedy, one token per forward on a paged cache:
     ``(tokens, decode tokens per second)`` (the prefill excluded from the rate)."""
     device, dtype = _model_device_dtype(target)
@@ -344,18 +441,34 @@ def target_greedy_decode(target: PagedModel, prompt: torch.Tensor, max_new_token
     cache = PagedKVCache(*target.kv_cache_shape, n + max_new_tokens + 1, block_size, dtype, device)
     no_features = torch.zeros(n, 0, device=device, dtype=dtype)
     step = cache.step(n)
-    logits, _ = target(prompt.to(device), no_features, step.positions, cache.key_caches,
-                       cache.value_caches, step.block_table, step.seq_lens,
-                       step.query_start_loc, step.slot_mapping)
+    logits, _ = target(
+        prompt.to(device),
+        no_features,
+        step.positions,
+        cache.key_caches,
+        cache.value_caches,
+        step.block_table,
+        step.seq_lens,
+        step.query_start_loc,
+        step.slot_mapping,
+    )
     token = logits[-1].argmax(-1, keepdim=True)
     out = [token]
     _sync(device)
     start = time.perf_counter()
     for _ in range(max_new_tokens - 1):
         step = cache.step(1)
-        logits, _ = target(token, no_features[:1], step.positions, cache.key_caches,
-                           cache.value_caches, step.block_table, step.seq_lens,
-                           step.query_start_loc, step.slot_mapping)
+        logits, _ = target(
+            token,
+            no_features[:1],
+            step.positions,
+            cache.key_caches,
+            cache.value_caches,
+            step.block_table,
+            step.seq_lens,
+            step.query_start_loc,
+            step.slot_mapping,
+        )
         token = logits[-1].argmax(-1, keepdim=True)
         out.append(token)
     tokens = torch.cat(out).tolist()

@@ -11,11 +11,11 @@ import torch
 class StepInputs:
     """Metadata of one forward over cache positions ``[start, end)`` of one request."""
 
-    positions: torch.Tensor         # [T] int64
-    block_table: torch.Tensor       # [1, max_blocks] int32
-    seq_lens: torch.Tensor          # [1] int32, == end
-    query_start_loc: torch.Tensor   # [2] int32, == [0, T]
-    slot_mapping: torch.Tensor      # [T] int64
+    positions: torch.Tensor  # [T] int64
+    block_table: torch.Tensor  # [1, max_blocks] int32
+    seq_lens: torch.Tensor  # [1] int32, == end
+    query_start_loc: torch.Tensor  # [2] int32, == [0, T]
+    slot_mapping: torch.Tensor  # [T] int64
 
 
 class PagedKVCache:
@@ -29,9 +29,18 @@ class PagedKVCache:
     start random, never zero, so a read of an unwritten slot shows.
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 block_size: int = 16, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", seed: int = 0, spare_blocks: int = 2) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        spare_blocks: int = 2,
+    ) -> None:
         if not isinstance(capacity, int) or capacity <= 0:
             raise ValueError(f"capacity={capacity!r} is invalid: expected a positive int")
         if not isinstance(block_size, int) or block_size <= 0:
@@ -41,15 +50,19 @@ class PagedKVCache:
         num_blocks = blocks + spare_blocks
         table = torch.randperm(num_blocks, generator=generator)[:blocks]
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.key_caches = [torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
-                           for _ in range(num_layers)]
-        self.value_caches = [torch.randn(shape, generator=generator).to(device=device,
-                                                                          dtype=dtype)
-                             for _ in range(num_layers)]
+        self.key_caches = [
+            torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+            for _ in range(num_layers)
+        ]
+        self.value_caches = [
+            torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+            for _ in range(num_layers)
+        ]
         self.block_table = table.to(torch.int32).unsqueeze(0).to(device)
         positions = torch.arange(blocks * block_size)
-        self._slots = (table[positions // block_size] * block_size
-                       + positions % block_size).to(device)
+        self._slots = (table[positions // block_size] * block_size + positions % block_size).to(
+            device
+        )
         self._positions = positions.to(device)
         self.capacity, self.block_size, self.device = capacity, block_size, torch.device(device)
         self.length = 0
@@ -61,15 +74,18 @@ class PagedKVCache:
         if num_new <= 0:
             raise ValueError(f"num_new={num_new} is invalid: expected a positive int")
         if end > self.capacity:
-            raise ValueError(f"num_new={num_new} is invalid: {start} + {num_new} tokens exceed "
-                             f"the cache capacity {self.capacity}")
+            raise ValueError(
+                f"num_new={num_new} is invalid: {start} + {num_new} tokens exceed "
+                f"the cache capacity {self.capacity}"
+            )
         self.length = end
         return StepInputs(
             positions=self._positions[start:end],
             block_table=self.block_table,
             seq_lens=torch.tensor([end], dtype=torch.int32, device=self.device),
             query_start_loc=torch.tensor([0, num_new], dtype=torch.int32, device=self.device),
-            slot_mapping=self._slots[start:end])
+            slot_mapping=self._slots[start:end],
+        )
 
     def truncate(self, length: int) -> None:
         """Roll back to ``length`` valid tokens (``0 <= length <= self.length``)."""

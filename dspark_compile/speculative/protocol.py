@@ -31,10 +31,18 @@ class PagedModel(Protocol):
     @property
     def kv_cache_shape(self) -> tuple[int, int, int]: ...
 
-    def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor],
-                block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        key_caches: Sequence[torch.Tensor],
+        value_caches: Sequence[torch.Tensor],
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``tokens [T]`` int64, ``features [T, feature_size]``
         -> ``(logits [T, V], hidden [T, H])``.
 

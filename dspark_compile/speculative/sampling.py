@@ -29,8 +29,12 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor):
     return accepted, next_token
 
 
-def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                     target_probs: torch.Tensor, generator: Optional[torch.Generator] = None):
+def rejection_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: Optional[torch.Generator] = None,
+):
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
     ``draft_tokens [N, K]`` were drawn from ``draft_probs [N, K, V]``;
@@ -46,9 +50,9 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
     p = target_probs[:, :k].gather(2, index).squeeze(-1)
     q = draft_probs.gather(2, index).squeeze(-1)
     u = torch.rand(n, k, generator=generator).to(p.device)
-    accepted = _leading_true(u * q < p)                      # u < p / q, without dividing by 0
+    accepted = _leading_true(u * q < p)  # u < p / q, without dividing by 0
     rows = torch.arange(n, device=p.device)
-    p_next = target_probs[rows, accepted]                    # [N, V]
+    p_next = target_probs[rows, accepted]  # [N, V]
     q_next = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)[rows, accepted]
     residual = (p_next - q_next).clamp_min(0)
     residual_mass = residual.sum(-1, keepdim=True)

@@ -25,14 +25,18 @@ from dspark_compile.speculative.checks import FAMILIES, goal_check
 from dspark_compile.speculative.corpus import Corpus, load_corpus, random_windows
 from dspark_compile.speculative.lm import TransformerLM
 from dspark_compile.speculative.loop import (
-    SpecResult, SpeculativeDecoder, compile_draft, target_greedy_decode)
+    SpecResult,
+    SpeculativeDecoder,
+    compile_draft,
+    target_greedy_decode,
+)
 from dspark_compile.speculative.report import write_reports
 from dspark_compile.speculative.scales import StudyScale
 from dspark_compile.speculative.training import eval_loss, tie_eagle_to_target, train_lm
 
 logger = logging.getLogger(__name__)
 
-ProgressFn = Callable[[str, int, int, str], None]   # (phase, done, total, note)
+ProgressFn = Callable[[str, int, int, str], None]  # (phase, done, total, note)
 
 
 @dataclasses.dataclass
@@ -46,6 +50,7 @@ def _versions() -> dict:
     versions = {"torch": torch.__version__, "python": platform.python_version()}
     try:
         import triton
+
         versions["triton"] = triton.__version__
     except ImportError:
         pass
@@ -58,28 +63,50 @@ def _device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def train_pair(scale: StudyScale, corpus: Corpus, device: torch.device,
-               progress: Optional[ProgressFn] = None,
-               time_budget_s: Optional[float] = None) -> TrainedPair:
+def train_pair(
+    scale: StudyScale,
+    corpus: Corpus,
+    device: torch.device,
+    progress: Optional[ProgressFn] = None,
+    time_budget_s: Optional[float] = None,
+) -> TrainedPair:
     """Train the target, then the token-only draft and the EAGLE-style draft."""
+
     def bar(phase):
-        return (lambda done, total, loss: progress(phase, done, total, f"loss {loss:.3f}")) \
-            if progress else None
+        return (
+            (lambda done, total, loss: progress(phase, done, total, f"loss {loss:.3f}"))
+            if progress
+            else None
+        )
 
     record = {}
     target = TransformerLM(scale.target, seed=0).to(device)
-    record["target"] = train_lm(target, corpus.train, scale.target_train,
-                                progress=bar("train target"),
-                                time_budget_s=time_budget_s)
+    record["target"] = train_lm(
+        target,
+        corpus.train,
+        scale.target_train,
+        progress=bar("train target"),
+        time_budget_s=time_budget_s,
+    )
     target.requires_grad_(False)
     draft = TransformerLM(scale.draft, seed=1).to(device)
-    record["draft_model"] = train_lm(draft, corpus.train, scale.draft_train,
-                                     progress=bar("train draft_model"),
-                                     time_budget_s=time_budget_s)
+    record["draft_model"] = train_lm(
+        draft,
+        corpus.train,
+        scale.draft_train,
+        progress=bar("train draft_model"),
+        time_budget_s=time_budget_s,
+    )
     eagle = TransformerLM(scale.eagle, seed=2).to(device)
     tie_eagle_to_target(eagle, target)
-    record["eagle"] = train_lm(eagle, corpus.train, scale.eagle_train, target=target,
-                               progress=bar("train eagle"), time_budget_s=time_budget_s)
+    record["eagle"] = train_lm(
+        eagle,
+        corpus.train,
+        scale.eagle_train,
+        target=target,
+        progress=bar("train eagle"),
+        time_budget_s=time_budget_s,
+    )
     for model in (draft, eagle):
         model.requires_grad_(False)
     record["heldout_nats_per_byte"] = {
@@ -92,9 +119,15 @@ def train_pair(scale: StudyScale, corpus: Corpus, device: torch.device,
 
 
 def save_pair(pair: TrainedPair, scale: StudyScale, path: Path) -> None:
-    torch.save({"scale": scale.as_dict(), "record": pair.record,
-                "target": pair.target.state_dict(),
-                "drafts": {k: m.state_dict() for k, m in pair.drafts.items()}}, path)
+    torch.save(
+        {
+            "scale": scale.as_dict(),
+            "record": pair.record,
+            "target": pair.target.state_dict(),
+            "drafts": {k: m.state_dict() for k, m in pair.drafts.items()},
+        },
+        path,
+    )
 
 
 def load_pair(scale: StudyScale, path: Path, device: torch.device) -> Optional[TrainedPair]:
@@ -128,8 +161,9 @@ def _pool(results: list[SpecResult], k: int) -> dict:
         "tau": sum(accepted) / max(rounds, 1) + 1.0,
         "tau_per_prompt": taus,
         "rounds": rounds,
-        "acceptance_per_position": [sum(a >= j for a in accepted) / max(rounds, 1)
-                                    for j in range(1, k + 1)],
+        "acceptance_per_position": [
+            sum(a >= j for a in accepted) / max(rounds, 1) for j in range(1, k + 1)
+        ],
         "tokens_per_s": sum(r.committed_tokens for r in results) / decode_s if decode_s else 0.0,
         "draft_tokens_per_s": rounds * k / draft_s if draft_s else 0.0,
         "target_tokens_per_s": rounds * (k + 1) / target_s if target_s else 0.0,
@@ -141,21 +175,28 @@ def _pool(results: list[SpecResult], k: int) -> dict:
 
 def _prompts(corpus: Corpus, scale: StudyScale, seed: int = 7) -> dict[int, list[torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
-    return {c: list(random_windows(corpus.eval, scale.prompts, c - 1, generator))
-            for c in scale.contexts}
+    return {
+        c: list(random_windows(corpus.eval, scale.prompts, c - 1, generator))
+        for c in scale.contexts
+    }
 
 
 def _graph_count() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cpu",
-              lowering: Optional[str] = None, checkpoint: Optional[Path] = None,
-              draft_prefill_chunk: Optional[int] = None,
-              families: tuple[str, ...] = FAMILIES,
-              progress: Optional[ProgressFn] = None,
-              train_time_budget_s: Optional[float] = None,
-              setting_keys: Optional[tuple[str, ...]] = None) -> dict:
+def run_study(
+    scale: StudyScale,
+    out_dir: Path,
+    device: str | torch.device = "cpu",
+    lowering: Optional[str] = None,
+    checkpoint: Optional[Path] = None,
+    draft_prefill_chunk: Optional[int] = None,
+    families: tuple[str, ...] = FAMILIES,
+    progress: Optional[ProgressFn] = None,
+    train_time_budget_s: Optional[float] = None,
+    setting_keys: Optional[tuple[str, ...]] = None,
+) -> dict:
     """Run the study; returns the results dict (also written to ``out_dir/study.json``).
 
     ``lowering``: the dspark backend's lowering (default: ``inductor`` on CUDA,
@@ -176,9 +217,14 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
     torch.manual_seed(0)
 
     corpus = load_corpus(scale.eval_fraction, scale.max_train_bytes)
-    logger.info("corpus: %d training bytes in %d files, %d held-out bytes in %d files (%s)",
-                corpus.train.numel(), len(corpus.train_files), corpus.eval.numel(),
-                len(corpus.eval_files), corpus.root)
+    logger.info(
+        "corpus: %d training bytes in %d files, %d held-out bytes in %d files (%s)",
+        corpus.train.numel(),
+        len(corpus.train_files),
+        corpus.eval.numel(),
+        len(corpus.eval_files),
+        corpus.root,
+    )
     pair = load_pair(scale, checkpoint, device) if checkpoint else None
     if pair is None:
         pair = train_pair(scale, corpus, device, progress, train_time_budget_s)
@@ -186,17 +232,25 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
             save_pair(pair, scale, checkpoint)
     k = scale.num_speculative_tokens
     study = {
-        "meta": {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                     timespec="seconds"),
-                 "device": _device_name(device), "versions": _versions(),
-                 "scale": scale.as_dict(), "lowering": lowering,
-                 "compile": "torch.compile(draft, backend='dspark'), token dim marked dynamic, "
-                            "fixed cache shapes: one graph for 1 token, one for 2+ tokens",
-                 "draft_prefill_chunk": draft_prefill_chunk, "num_speculative_tokens": k,
-                 "greedy": True, "dtype": "float32",
-                 "corpus": corpus.manifest(), "training": pair.record},
+        "meta": {
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": _device_name(device),
+            "versions": _versions(),
+            "scale": scale.as_dict(),
+            "lowering": lowering,
+            "compile": "torch.compile(draft, backend='dspark'), token dim marked dynamic, "
+            "fixed cache shapes: one graph for 1 token, one for 2+ tokens",
+            "draft_prefill_chunk": draft_prefill_chunk,
+            "num_speculative_tokens": k,
+            "greedy": True,
+            "dtype": "float32",
+            "corpus": corpus.manifest(),
+            "training": pair.record,
+        },
         "settings": [dataclasses.asdict(s) for s in settings],
-        "baseline": [], "compile": [], "results": [],
+        "baseline": [],
+        "compile": [],
+        "results": [],
     }
 
     def save():
@@ -208,13 +262,15 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
     for c in scale.contexts:
         outs, rates = [], []
         for prompt in prompts[c]:
-            tokens, rate = target_greedy_decode(pair.target, prompt.to(device), scale.new_tokens,
-                                                scale.block_size)
+            tokens, rate = target_greedy_decode(
+                pair.target, prompt.to(device), scale.new_tokens, scale.block_size
+            )
             outs.append(tokens)
             rates.append(rate)
         reference[c] = outs
-        study["baseline"].append({"context": c,
-                                  "target_only_tokens_per_s": sum(rates) / len(rates)})
+        study["baseline"].append(
+            {"context": c, "target_only_tokens_per_s": sum(rates) / len(rates)}
+        )
     save()
 
     max_len = max(scale.contexts) + scale.new_tokens + 2 * k + 2
@@ -224,33 +280,67 @@ def run_study(scale: StudyScale, out_dir: Path, device: str | torch.device = "cp
         draft = pair.drafts[family]
         for setting in settings:
             torch._dynamo.reset()
-            draft_fn = compile_draft(draft, setting.window, None, lowering,
-                                     {k2: v for k2, v in setting.options.items()
-                                      if k2 != "draft_window_size"})
-            decoder = SpeculativeDecoder(pair.target, draft, num_speculative_tokens=k,
-                                         draft_fn=draft_fn, block_size=scale.block_size,
-                                         draft_prefill_chunk=draft_prefill_chunk,
-                                         max_len=max_len)
+            draft_fn = compile_draft(
+                draft,
+                setting.window,
+                None,
+                lowering,
+                {k2: v for k2, v in setting.options.items() if k2 != "draft_window_size"},
+            )
+            decoder = SpeculativeDecoder(
+                pair.target,
+                draft,
+                num_speculative_tokens=k,
+                draft_fn=draft_fn,
+                block_size=scale.block_size,
+                draft_prefill_chunk=draft_prefill_chunk,
+                max_len=max_len,
+            )
             graphs = _graph_count()
             start = time.perf_counter()
             decoder.generate(prompts[scale.contexts[0]][0].to(device), 2 * k + 2)  # compiles
-            study["compile"].append({"family": family, "setting": setting.name,
-                                     "first_run_s": time.perf_counter() - start,
-                                     "graphs": _graph_count() - graphs})
+            study["compile"].append(
+                {
+                    "family": family,
+                    "setting": setting.name,
+                    "first_run_s": time.perf_counter() - start,
+                    "graphs": _graph_count() - graphs,
+                }
+            )
             for c in scale.contexts:
                 if progress:
                     progress("study", done, total, f"{family}, {setting.name}, context {c}")
-                results = [decoder.generate(p.to(device), scale.new_tokens, seed=i,
-                                            nll_tail=min(c - 1, scale.draft_context))
-                           for i, p in enumerate(prompts[c])]
-                row = {"family": family, "setting": setting.name, "window": setting.window,
-                       "sink_size": setting.sink_size, "context": c, **_pool(results, k),
-                       "matches_target_greedy": sum(r.tokens == ref for r, ref in
-                                                    zip(results, reference[c])) / len(results)}
+                results = [
+                    decoder.generate(
+                        p.to(device),
+                        scale.new_tokens,
+                        seed=i,
+                        nll_tail=min(c - 1, scale.draft_context),
+                    )
+                    for i, p in enumerate(prompts[c])
+                ]
+                row = {
+                    "family": family,
+                    "setting": setting.name,
+                    "window": setting.window,
+                    "sink_size": setting.sink_size,
+                    "context": c,
+                    **_pool(results, k),
+                    "matches_target_greedy": sum(
+                        r.tokens == ref for r, ref in zip(results, reference[c])
+                    )
+                    / len(results),
+                }
                 study["results"].append(row)
                 done += 1
-                logger.info("%s %s context %d: tau %.2f, %.0f tok/s", family, setting.name, c,
-                            row["tau"], row["tokens_per_s"])
+                logger.info(
+                    "%s %s context %d: tau %.2f, %.0f tok/s",
+                    family,
+                    setting.name,
+                    c,
+                    row["tau"],
+                    row["tokens_per_s"],
+                )
                 save()
             study["compile"][-1]["graphs_after_study"] = _graph_count() - graphs
             save()

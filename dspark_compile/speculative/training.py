@@ -77,20 +77,30 @@ def _losses(model: TransformerLM, batch: torch.Tensor, target: Optional[Transfor
 
 def tie_eagle_to_target(draft: TransformerLM, target: TransformerLM) -> None:
     """Copy the target's embedding and ``lm_head`` into ``draft`` and freeze them."""
-    if draft.cfg.hidden_size != target.cfg.hidden_size or \
-            draft.cfg.feature_size != target.cfg.hidden_size:
-        raise ValueError(f"draft hidden_size={draft.cfg.hidden_size}, feature_size="
-                         f"{draft.cfg.feature_size} are invalid: expected both equal to the "
-                         f"target's hidden_size={target.cfg.hidden_size}")
+    if (
+        draft.cfg.hidden_size != target.cfg.hidden_size
+        or draft.cfg.feature_size != target.cfg.hidden_size
+    ):
+        raise ValueError(
+            f"draft hidden_size={draft.cfg.hidden_size}, feature_size="
+            f"{draft.cfg.feature_size} are invalid: expected both equal to the "
+            f"target's hidden_size={target.cfg.hidden_size}"
+        )
     draft.embed.weight.data.copy_(target.embed.weight.data)
     draft.lm_head.weight.data.copy_(target.lm_head.weight.data)
     draft.embed.weight.requires_grad_(False)
     draft.lm_head.weight.requires_grad_(False)
 
 
-def train_lm(model: TransformerLM, data: torch.Tensor, spec: TrainSpec, *,
-             target: Optional[TransformerLM] = None, progress: Optional[ProgressFn] = None,
-             time_budget_s: Optional[float] = None) -> dict:
+def train_lm(
+    model: TransformerLM,
+    data: torch.Tensor,
+    spec: TrainSpec,
+    *,
+    target: Optional[TransformerLM] = None,
+    progress: Optional[ProgressFn] = None,
+    time_budget_s: Optional[float] = None,
+) -> dict:
     """Train ``model`` in place on ``data`` (uint8 bytes, on the CPU); ``target``
     given: EAGLE-style training on its hidden states (``target`` is frozen).
     Stops early only when ``time_budget_s`` runs out (logged, and recorded as
@@ -100,16 +110,21 @@ def train_lm(model: TransformerLM, data: torch.Tensor, spec: TrainSpec, *,
     if target is not None:
         target.eval()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95),
-                                  weight_decay=spec.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay
+    )
     generator = torch.Generator().manual_seed(spec.seed)
     start = time.perf_counter()
     losses: list[float] = []
     step = 0
     for step in range(spec.steps):
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            logger.warning("training stopped by its time budget (%.0f s) after %d of %d steps",
-                           time_budget_s, step, spec.steps)
+            logger.warning(
+                "training stopped by its time budget (%.0f s) after %d of %d steps",
+                time_budget_s,
+                step,
+                spec.steps,
+            )
             break
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, spec)
@@ -127,14 +142,26 @@ def train_lm(model: TransformerLM, data: torch.Tensor, spec: TrainSpec, *,
     else:
         step = spec.steps
     model.eval()
-    return {"steps": spec.steps, "steps_done": step, "batch": spec.batch,
-            "context": spec.context, "seconds": time.perf_counter() - start,
-            "train_ce_every_25_steps": losses}
+    return {
+        "steps": spec.steps,
+        "steps_done": step,
+        "batch": spec.batch,
+        "context": spec.context,
+        "seconds": time.perf_counter() - start,
+        "train_ce_every_25_steps": losses,
+    }
 
 
 @torch.no_grad()
-def eval_loss(model: TransformerLM, data: torch.Tensor, context: int, batches: int = 4,
-              batch: int = 8, target: Optional[TransformerLM] = None, seed: int = 1234) -> float:
+def eval_loss(
+    model: TransformerLM,
+    data: torch.Tensor,
+    context: int,
+    batches: int = 4,
+    batch: int = 8,
+    target: Optional[TransformerLM] = None,
+    seed: int = 1234,
+) -> float:
     """Held-out next-byte cross entropy (nats/byte) on random windows of ``context``."""
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)

@@ -26,10 +26,14 @@ class AscendCheck:
 
     def __str__(self) -> str:
         if self.ok:
-            return (f"every op of {self.num_graphs} graph(s) ({self.num_nodes} nodes) is "
-                    "convertible by torchair's GE graph mode")
-        lines = [f"{len(self.unsupported)} op(s) torchair's GE graph mode cannot convert "
-                 f"({self.num_graphs} graph(s), {self.num_nodes} nodes):"]
+            return (
+                f"every op of {self.num_graphs} graph(s) ({self.num_nodes} nodes) is "
+                "convertible by torchair's GE graph mode"
+            )
+        lines = [
+            f"{len(self.unsupported)} op(s) torchair's GE graph mode cannot convert "
+            f"({self.num_graphs} graph(s), {self.num_nodes} nodes):"
+        ]
         for name, nodes in sorted(self.unsupported.items()):
             shown = ", ".join(nodes[:5]) + (", ..." if len(nodes) > 5 else "")
             lines.append(f"  {name}  ({len(nodes)} node(s): {shown})")
@@ -39,9 +43,12 @@ class AscendCheck:
 GraphLike = Union[torch.fx.GraphModule, torch.fx.Graph]
 
 
-def check_ascend(fn_or_graph: Union[GraphLike, Callable[..., Any]], *example_inputs: Any,
-                 options: Optional[Mapping[str, Any]] = None,
-                 inserted_only: bool = False) -> AscendCheck:
+def check_ascend(
+    fn_or_graph: Union[GraphLike, Callable[..., Any]],
+    *example_inputs: Any,
+    options: Optional[Mapping[str, Any]] = None,
+    inserted_only: bool = False,
+) -> AscendCheck:
     """List the ops torchair's GE graph mode cannot convert, before you reach the NPU.
 
     ``fn_or_graph``: an ATen ``torch.fx.GraphModule``/``Graph`` (checked as is),
@@ -52,17 +59,21 @@ def check_ascend(fn_or_graph: Union[GraphLike, Callable[..., Any]], *example_inp
     passes insert (then ``num_nodes`` counts those).
     """
     if isinstance(fn_or_graph, (torch.fx.GraphModule, torch.fx.Graph)):
-        graphs = [fn_or_graph.graph if isinstance(fn_or_graph, torch.fx.GraphModule)
-                  else fn_or_graph]
+        graphs = [
+            fn_or_graph.graph if isinstance(fn_or_graph, torch.fx.GraphModule) else fn_or_graph
+        ]
     elif callable(fn_or_graph):
         trace = trace_passes(fn_or_graph, example_inputs, options)
         if inserted_only:
-            return AscendCheck(unconvertible_ops(trace.inserted), len(trace.graphs),
-                               len(trace.inserted))
+            return AscendCheck(
+                unconvertible_ops(trace.inserted), len(trace.graphs), len(trace.inserted)
+            )
         graphs = trace.graphs
     else:
-        raise TypeError(f"fn_or_graph={fn_or_graph!r} is invalid: expected a torch.fx.GraphModule, "
-                        "a torch.fx.Graph, a function or an nn.Module")
+        raise TypeError(
+            f"fn_or_graph={fn_or_graph!r} is invalid: expected a torch.fx.GraphModule, "
+            "a torch.fx.Graph, a function or an nn.Module"
+        )
     unsupported: dict[str, list[str]] = {}
     for graph in graphs:
         for name, nodes in unconvertible_ops(graph.nodes).items():

@@ -27,9 +27,9 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass
 class DemoRow:
     context_len: int
-    windowed_max_err: float       # compiled windowed vs eager windowed reference
-    full_max_err: float           # compiled full vs eager full reference
-    window_effect: float          # max |windowed - full|: the window changes the output
+    windowed_max_err: float  # compiled windowed vs eager windowed reference
+    full_max_err: float  # compiled full vs eager full reference
+    window_effect: float  # max |windowed - full|: the window changes the output
     rewritten_calls: int
     window_computations: int
     full_ms: float
@@ -51,24 +51,47 @@ def best_time_ms(fn: Callable[[], object], repeats: int) -> float:
     return best * 1e3
 
 
-def run_demo(context_lens: Sequence[int] = (1024, 4096, 16384), window_size: int = 512,
-             num_requests: int = 4, block_q_len: int = 8, block_size: int = 16,
-             num_layers: int = 4, lowering: str = "inductor", device: str = "cpu",
-             repeats: int = 3, seed: int = 0, sink_size: int = 0) -> Iterator[DemoRow]:
+def run_demo(
+    context_lens: Sequence[int] = (1024, 4096, 16384),
+    window_size: int = 512,
+    num_requests: int = 4,
+    block_q_len: int = 8,
+    block_size: int = 16,
+    num_layers: int = 4,
+    lowering: str = "inductor",
+    device: str = "cpu",
+    repeats: int = 3,
+    seed: int = 0,
+    sink_size: int = 0,
+) -> Iterator[DemoRow]:
     """Yield one ``DemoRow`` per context length (DFlash blocks, non-causal).
 
     ``sink_size`` S: ``draft_sink_size`` of the windowed compile (its reference
     then keeps the first ``ceil(S / b)`` blocks visible too)."""
-    cfg = DraftModelConfig(hidden_size=256, num_layers=num_layers, num_heads=8,
-                           num_kv_heads=2, head_dim=64, intermediate_size=512, causal=False)
+    cfg = DraftModelConfig(
+        hidden_size=256,
+        num_layers=num_layers,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        causal=False,
+    )
     model = DFlashReferenceDraft(cfg, seed=seed).eval().to(device)
-    window = DraftWindowConfig(draft_window_size=window_size, method="dflash",
-                               draft_sink_size=sink_size)
+    window = DraftWindowConfig(
+        draft_window_size=window_size, method="dflash", draft_sink_size=sink_size
+    )
     gen = torch.Generator().manual_seed(seed)
     for context_len in context_lens:
         seq_lens = [context_len + block_q_len - 37 * i for i in range(num_requests)]
-        case = make_draft_case(seq_lens, [block_q_len] * num_requests, block_size=block_size,
-                               device=device, model=model, generator=gen)
+        case = make_draft_case(
+            seq_lens,
+            [block_q_len] * num_requests,
+            block_size=block_size,
+            device=device,
+            model=model,
+            generator=gen,
+        )
         args = case.fresh_args
 
         def reference(window_size: Optional[int]) -> torch.Tensor:
@@ -77,12 +100,17 @@ def run_demo(context_lens: Sequence[int] = (1024, 4096, 16384), window_size: int
         with torch.no_grad():
             want_full, want_windowed = reference(None), reference(window_size)
             torch._dynamo.reset()
-            full = torch.compile(model, backend="dspark", dynamic=False,
-                                 options={"lowering": lowering})
+            full = torch.compile(
+                model, backend="dspark", dynamic=False, options={"lowering": lowering}
+            )
             got_full = full(*args())
             clear_pass_records()
-            windowed = torch.compile(model, backend="dspark", dynamic=False,
-                                     options={"lowering": lowering, **window.as_dict()})
+            windowed = torch.compile(
+                model,
+                backend="dspark",
+                dynamic=False,
+                options={"lowering": lowering, **window.as_dict()},
+            )
             with compile_caches_off():  # the passes run (and report) on every demo run
                 got_windowed = windowed(*args())
             stats = [r.stats for r in pass_records() if r.pass_name == "draft_window"]

@@ -23,10 +23,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.fx
 
-from dspark_compile.routes.ge_converters import op_name, unconvertible_ops
 from dspark_compile.config import DraftWindowConfig
 from dspark_compile.passes.attention_registry import attention_op_specs
 from dspark_compile.passes.manager import pass_records
+from dspark_compile.routes.ge_converters import op_name, unconvertible_ops
 from dspark_compile.validation import check_int
 
 logger = logging.getLogger(__name__)
@@ -46,14 +46,16 @@ class AttentionCall:
     block_table_before: str
     seq_lens_after: str = ""
     block_table_after: str = ""
-    block_size: Optional[int] = None       # the KV cache's static dim 1 (None: unknown)
-    table_width_before: str = "?"          # block-table columns (str: may be symbolic)
+    block_size: Optional[int] = None  # the KV cache's static dim 1 (None: unknown)
+    table_width_before: str = "?"  # block-table columns (str: may be symbolic)
     table_width_after: str = "?"
 
     @property
     def rewritten(self) -> bool:
-        return (self.seq_lens_after, self.block_table_after) != (self.seq_lens_before,
-                                                                self.block_table_before)
+        return (self.seq_lens_after, self.block_table_after) != (
+            self.seq_lens_before,
+            self.block_table_before,
+        )
 
 
 @dataclasses.dataclass
@@ -76,36 +78,63 @@ class InspectionReport:
     summary_path: Path
     options: dict[str, Any]
     passes: list[PassInspection]
-    kernels: dict[str, list[str]]          # output-code file -> kernel names
+    kernels: dict[str, list[str]]  # output-code file -> kernel names
     files: list[str]
 
 
-def reference_draft_example(context_len: int = 256, num_requests: int = 2, block_q_len: int = 4,
-                            num_layers: int = 2, block_size: int = 16, seed: int = 0,
-                            device: str = "cpu") -> tuple[torch.nn.Module, tuple]:
+def reference_draft_example(
+    context_len: int = 256,
+    num_requests: int = 2,
+    block_q_len: int = 4,
+    num_layers: int = 2,
+    block_size: int = 16,
+    seed: int = 0,
+    device: str = "cpu",
+) -> tuple[torch.nn.Module, tuple]:
     """The built-in DFlash reference draft and one draft step's inputs (random weights/KV)."""
     from dspark_compile.models import DraftModelConfig
     from dspark_compile.testing import make_draft_case
 
-    for name, value in (("context_len", context_len), ("num_requests", num_requests),
-                        ("block_q_len", block_q_len), ("num_layers", num_layers),
-                        ("block_size", block_size)):
+    for name, value in (
+        ("context_len", context_len),
+        ("num_requests", num_requests),
+        ("block_q_len", block_q_len),
+        ("num_layers", num_layers),
+        ("block_size", block_size),
+    ):
         check_int(name, value)
     if block_q_len > context_len:
-        raise ValueError(f"block_q_len={block_q_len} is invalid: expected <= context_len "
-                         f"({context_len})")
-    cfg = DraftModelConfig(hidden_size=128, num_layers=num_layers, num_heads=4, num_kv_heads=2,
-                           head_dim=32, intermediate_size=256, causal=False)
+        raise ValueError(
+            f"block_q_len={block_q_len} is invalid: expected <= context_len ({context_len})"
+        )
+    cfg = DraftModelConfig(
+        hidden_size=128,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        causal=False,
+    )
     seq_lens = [max(context_len - 13 * i, block_q_len) for i in range(num_requests)]
-    case = make_draft_case(seq_lens, [block_q_len] * num_requests, config=cfg,
-                           block_size=block_size, seed=seed, device=device)
+    case = make_draft_case(
+        seq_lens,
+        [block_q_len] * num_requests,
+        config=cfg,
+        block_size=block_size,
+        seed=seed,
+        device=device,
+    )
     return case.model, case.args()
 
 
-def inspect(fn: Optional[Callable[..., Any]] = None, *example_inputs: Any,
-            dump_dir: str | os.PathLike = "dspark_inspect",
-            options: Optional[Mapping[str, Any]] = None, overwrite: bool = False,
-            ) -> InspectionReport:
+def inspect(
+    fn: Optional[Callable[..., Any]] = None,
+    *example_inputs: Any,
+    dump_dir: str | os.PathLike = "dspark_inspect",
+    options: Optional[Mapping[str, Any]] = None,
+    overwrite: bool = False,
+) -> InspectionReport:
     """Compile ``fn`` with ``backend="dspark"`` under depyf; write the dump and ``summary.md``.
 
     ``fn=None`` inspects the built-in reference draft (``reference_draft_example``).
@@ -113,8 +142,7 @@ def inspect(fn: Optional[Callable[..., Any]] = None, *example_inputs: Any,
     on ``example_inputs``. ``dump_dir`` must be new or empty unless ``overwrite``,
     which first deletes earlier dump files there (only depyf's and ours).
     """
-    from dspark_compile.backend import (compile_caches_off, dspark_backend, graph_hook,
-                                        parse_options)
+    from dspark_compile.backend import compile_caches_off, dspark_backend, graph_hook, parse_options
     from dspark_compile.integrations.depyf_dump import depyf_debug
 
     if fn is None:
@@ -135,13 +163,14 @@ def inspect(fn: Optional[Callable[..., Any]] = None, *example_inputs: Any,
 
     files = sorted(p.name for p in dump.iterdir())
     _attach_graph_files(recorder.passes, files)
-    kernels = {name: _kernel_names(dump / name) for name in files
-               if re.search(r"\.kernel_\d+\.py$", name)}
-    report = InspectionReport(dump, dump / "summary.md", options, recorder.passes, kernels,
-                              files + ["summary.md"])
+    kernels = {
+        name: _kernel_names(dump / name) for name in files if re.search(r"\.kernel_\d+\.py$", name)
+    }
+    report = InspectionReport(
+        dump, dump / "summary.md", options, recorder.passes, kernels, files + ["summary.md"]
+    )
     report.summary_path.write_text(render_summary(report, window))
-    logger.info("inspection of %s written to %s", getattr(fn, "__name__", type(fn).__name__),
-                dump)
+    logger.info("inspection of %s written to %s", getattr(fn, "__name__", type(fn).__name__), dump)
     return report
 
 
@@ -156,9 +185,11 @@ def _prepare_dump_dir(dump: Path, overwrite: bool) -> Path:
                     old.unlink()
     leftovers = sorted(p.name for p in dump.iterdir())
     if leftovers:
-        raise ValueError(f"dump_dir={str(dump)!r} is invalid: it is not empty ({len(leftovers)} "
-                         f"entries, e.g. {leftovers[0]!r}); pass a new or empty directory"
-                         + ("" if overwrite else ", or overwrite=True to replace an old dump"))
+        raise ValueError(
+            f"dump_dir={str(dump)!r} is invalid: it is not empty ({len(leftovers)} "
+            f"entries, e.g. {leftovers[0]!r}); pass a new or empty directory"
+            + ("" if overwrite else ", or overwrite=True to replace an old dump")
+        )
     return dump.resolve()
 
 
@@ -187,10 +218,16 @@ class _PassRecorder:
         inserted = [n for n in graph.nodes if n not in nodes_before]
         ops = collections.Counter(op_name(n.target) for n in inserted if n.op == "call_function")
         record = pass_records()[-1]  # the manager records a pass before its "after" hook
-        self.passes.append(PassInspection(
-            compiled_fn=_current_compiled_fn(), pass_name=pass_name, stats=dict(record.stats),
-            attention_calls=calls, inserted_ops=dict(sorted(ops.items())),
-            inserted_unconvertible=unconvertible_ops(inserted)))
+        self.passes.append(
+            PassInspection(
+                compiled_fn=_current_compiled_fn(),
+                pass_name=pass_name,
+                stats=dict(record.stats),
+                attention_calls=calls,
+                inserted_ops=dict(sorted(ops.items())),
+                inserted_unconvertible=unconvertible_ops(inserted),
+            )
+        )
 
 
 def _attention_calls(graph: torch.fx.Graph) -> list[AttentionCall]:
@@ -200,18 +237,22 @@ def _attention_calls(graph: torch.fx.Graph) -> list[AttentionCall]:
         if node.op != "call_function" or node.target not in specs:
             continue
         spec = specs[node.target]
-        calls.append(AttentionCall(node.name, str(node.target),
-                                   _arg_name(node, spec.arg_index(spec.seq_lens), spec.seq_lens),
-                                   _arg_name(node, spec.arg_index(spec.block_table),
-                                             spec.block_table),
-                                   block_size=_static_dim(node, spec, spec.kv_cache, 1),
-                                   table_width_before=str(_static_dim(
-                                       node, spec, spec.block_table, 1, static=False))))
+        calls.append(
+            AttentionCall(
+                node.name,
+                str(node.target),
+                _arg_name(node, spec.arg_index(spec.seq_lens), spec.seq_lens),
+                _arg_name(node, spec.arg_index(spec.block_table), spec.block_table),
+                block_size=_static_dim(node, spec, spec.kv_cache, 1),
+                table_width_before=str(_static_dim(node, spec, spec.block_table, 1, static=False)),
+            )
+        )
     return calls
 
 
-def _static_dim(node: torch.fx.Node, spec, name: Optional[str], dim: int,
-                static: bool = True) -> Any:
+def _static_dim(
+    node: torch.fx.Node, spec, name: Optional[str], dim: int, static: bool = True
+) -> Any:
     """Dim ``dim`` of tensor argument ``name`` of ``node`` (None if unknown; with
     ``static`` also None when symbolic)."""
     from dspark_compile.passes.graph_utils import get_arg
@@ -266,17 +307,22 @@ def _sink_lines(report: InspectionReport, window: DraftWindowConfig) -> list[str
     sink = window.draft_sink_size
     if not sink:
         return ["- draft_sink_size (S): 0 (no attention sinks)"]
-    sizes = sorted({window.block_size} if window.block_size else
-                   {c.block_size for p in report.passes for c in p.attention_calls
-                    if c.block_size})
+    sizes = sorted(
+        {window.block_size}
+        if window.block_size
+        else {c.block_size for p in report.passes for c in p.attention_calls if c.block_size}
+    )
     if not sizes:
-        return [f"- draft_sink_size (S): {sink} tokens, ceil(S / b) blocks "
-                "(KV block size b unknown)"]
-    return [f"- draft_sink_size (S): {sink} tokens = {sink_blocks(sink, b)} block(s) of b={b} "
-            f"(S_b = {sink_blocks(sink, b) * b} sink tokens stay visible); the windowed "
-            f"table is {sink_blocks(sink, b)} column(s) wider and holds "
-            "kept = min(ceil(S / b), start_block) sink blocks before the window's"
-            for b in sizes]
+        return [
+            f"- draft_sink_size (S): {sink} tokens, ceil(S / b) blocks (KV block size b unknown)"
+        ]
+    return [
+        f"- draft_sink_size (S): {sink} tokens = {sink_blocks(sink, b)} block(s) of b={b} "
+        f"(S_b = {sink_blocks(sink, b) * b} sink tokens stay visible); the windowed "
+        f"table is {sink_blocks(sink, b)} column(s) wider and holds "
+        "kept = min(ceil(S / b), start_block) sink blocks before the window's"
+        for b in sizes
+    ]
 
 
 def render_summary(report: InspectionReport, window: DraftWindowConfig) -> str:
@@ -285,15 +331,18 @@ def render_summary(report: InspectionReport, window: DraftWindowConfig) -> str:
     lines += ["## Window config", ""]
     if window.enabled:
         lines.append(f"- draft_window_size (W): {window.draft_window_size}")
-        lines.append(f"- method: {window.method}; future_offset (K): "
-                     f"{window.resolved_future_offset}")
+        lines.append(
+            f"- method: {window.method}; future_offset (K): {window.resolved_future_offset}"
+        )
         lines.append(f"- block_size: {window.block_size or 'from the KV cache'}")
         lines += _sink_lines(report, window)
     else:
-        lines.append(f"- window off (method: {window.method}): "
-                     "attention calls are left as they are")
-    backend_opts = {k: v for k, v in report.options.items()
-                    if k not in DraftWindowConfig.field_names()}
+        lines.append(
+            f"- window off (method: {window.method}): attention calls are left as they are"
+        )
+    backend_opts = {
+        k: v for k, v in report.options.items() if k not in DraftWindowConfig.field_names()
+    }
     lines.append(f"- backend options: {backend_opts or 'defaults'}")
     lines += ["", "## Passes", ""]
     if not report.passes:
@@ -311,27 +360,36 @@ def render_summary(report: InspectionReport, window: DraftWindowConfig) -> str:
         if record.attention_calls:
             lines.append("- attention calls (seq_lens, block_table inputs):")
             for call in record.attention_calls:
-                change = (f"rewritten: ({call.seq_lens_before}, {call.block_table_before}) -> "
-                          f"({call.seq_lens_after}, {call.block_table_after})"
-                          if call.rewritten else
-                          f"unchanged: ({call.seq_lens_before}, {call.block_table_before})")
-                width = (f"; block table {call.table_width_before} -> "
-                         f"{call.table_width_after} columns" if call.rewritten else "")
+                change = (
+                    f"rewritten: ({call.seq_lens_before}, {call.block_table_before}) -> "
+                    f"({call.seq_lens_after}, {call.block_table_after})"
+                    if call.rewritten
+                    else f"unchanged: ({call.seq_lens_before}, {call.block_table_before})"
+                )
+                width = (
+                    f"; block table {call.table_width_before} -> {call.table_width_after} columns"
+                    if call.rewritten
+                    else ""
+                )
                 lines.append(f"  - `{call.node}` ({call.op}): {change}{width}")
         else:
             lines.append("- attention calls: none found")
         if record.inserted_ops:
             ops = ", ".join(f"{name} x{count}" for name, count in record.inserted_ops.items())
             lines.append(f"- inserted ops: {ops}")
-            scope = ("NPU-route graph" if report.options.get("lowering") == "aot_eager" else
-                     "Inductor-decomposed graph; the NPU route inserts plain ATen ops, "
-                     "see check_ascend")
+            scope = (
+                "NPU-route graph"
+                if report.options.get("lowering") == "aot_eager"
+                else "Inductor-decomposed graph; the NPU route inserts plain ATen ops, "
+                "see check_ascend"
+            )
             if record.inserted_unconvertible:
                 bad = ", ".join(sorted(record.inserted_unconvertible))
                 lines.append(f"- torchair GE mode cannot convert inserted ({scope}): {bad}")
             else:
-                lines.append(f"- every inserted op is convertible by torchair's GE graph mode "
-                             f"({scope})")
+                lines.append(
+                    f"- every inserted op is convertible by torchair's GE graph mode ({scope})"
+                )
         lines.append("")
     lines += ["## Totals", ""]
     for key in ("attention_calls", "rewritten", "window_computations"):

@@ -18,8 +18,9 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 def _git(*args: str, root: Path) -> str | None:
     try:
-        result = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
-                                text=True, timeout=30)
+        result = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout if result.returncode == 0 else None
@@ -40,12 +41,16 @@ def provenance(root: Path = CHECKOUT) -> dict:
     (``triton`` None when it is not installed) and ``git_state(root)``."""
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "triton": triton_version, **git_state(root),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        **git_state(root),
     }

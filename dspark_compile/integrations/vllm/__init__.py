@@ -9,17 +9,36 @@ most simply by the qualname ``"dspark_compile_vllm.draft_window_pass"``.
 import logging
 
 from dspark_compile.integrations.vllm.attention_op import (
-    OP_NAME, unified_attention_with_output_windowed, windowed_attention_op)
+    OP_NAME,
+    unified_attention_with_output_windowed,
+    windowed_attention_op,
+)
 from dspark_compile.integrations.vllm.compile_context import (
-    DRAFT_MODEL_TAGS, CompileContext, find_compile_context)
+    DRAFT_MODEL_TAGS,
+    CompileContext,
+    find_compile_context,
+)
 from dspark_compile.integrations.vllm.config import (
-    ADDITIONAL_CONFIG_KEY, SINK_CONFIG_KEY, SUPPORTED_METHODS, WindowOverrides,
-    attention_is_split_out, resolve_window_config)
+    ADDITIONAL_CONFIG_KEY,
+    SINK_CONFIG_KEY,
+    SUPPORTED_METHODS,
+    WindowOverrides,
+    attention_is_split_out,
+    resolve_window_config,
+)
 from dspark_compile.integrations.vllm.inductor_pass import DraftWindowInductorPass
 from dspark_compile.integrations.vllm.metadata import (
-    SUPPORTED_BACKENDS, SinkWindowBuffers, StepWindows, WindowBuffers, WindowSpec,
-    check_no_native_window, kernel_block_size, set_native_window, sink_window_metadata,
-    window_attention_metadata)
+    SUPPORTED_BACKENDS,
+    SinkWindowBuffers,
+    StepWindows,
+    WindowBuffers,
+    WindowSpec,
+    check_no_native_window,
+    kernel_block_size,
+    set_native_window,
+    sink_window_metadata,
+    window_attention_metadata,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +58,28 @@ def register_plugin() -> None:
 
 
 __all__ = [
-    "ADDITIONAL_CONFIG_KEY", "CompileContext", "DRAFT_MODEL_TAGS", "DraftWindowInductorPass",
-    "OP_NAME", "SINK_CONFIG_KEY", "SUPPORTED_BACKENDS", "SinkWindowBuffers",
-    "check_no_native_window", "sink_window_metadata",
-    "SUPPORTED_METHODS", "StepWindows", "WindowBuffers", "WindowOverrides",
-    "WindowSpec", "attention_is_split_out", "find_compile_context", "kernel_block_size",
-    "register_plugin", "resolve_window_config", "set_native_window",
-    "unified_attention_with_output_windowed", "window_attention_metadata",
+    "ADDITIONAL_CONFIG_KEY",
+    "CompileContext",
+    "DRAFT_MODEL_TAGS",
+    "DraftWindowInductorPass",
+    "OP_NAME",
+    "SINK_CONFIG_KEY",
+    "SUPPORTED_BACKENDS",
+    "SinkWindowBuffers",
+    "check_no_native_window",
+    "sink_window_metadata",
+    "SUPPORTED_METHODS",
+    "StepWindows",
+    "WindowBuffers",
+    "WindowOverrides",
+    "WindowSpec",
+    "attention_is_split_out",
+    "find_compile_context",
+    "kernel_block_size",
+    "register_plugin",
+    "resolve_window_config",
+    "set_native_window",
+    "unified_attention_with_output_windowed",
+    "window_attention_metadata",
     "windowed_attention_op",
 ]

@@ -29,7 +29,6 @@ import logging
 
 import torch
 from torch.library import Library
-
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention.attention import get_attention_context
@@ -37,7 +36,12 @@ from vllm.model_executor.layers.attention.kv_transfer_utils import maybe_transfe
 from vllm.utils.torch_utils import LayerNameType, _resolve_layer_name, direct_register_custom_op
 
 from dspark_compile.integrations.vllm.metadata import (
-    StepWindows, check_no_native_window, is_causal, metadata_backend, set_native_window)
+    StepWindows,
+    check_no_native_window,
+    is_causal,
+    metadata_backend,
+    set_native_window,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,20 +73,50 @@ def unified_attention_with_output_windowed(
         if sink_size:
             check_no_native_window(layer, metadata_backend(attn_metadata))
             attn_metadata = STEP_WINDOWS.windowed(
-                get_forward_context(), name, layer, attn_metadata, kv_cache, window_size,
-                future_offset, max_num_seqs, query.dtype, sink_size=sink_size,
-                max_num_tokens=max_num_tokens)
+                get_forward_context(),
+                name,
+                layer,
+                attn_metadata,
+                kv_cache,
+                window_size,
+                future_offset,
+                max_num_seqs,
+                query.dtype,
+                sink_size=sink_size,
+                max_num_tokens=max_num_tokens,
+            )
         else:
-            set_native_window(layer, metadata_backend(attn_metadata),
-                              window_size - future_offset, is_causal(attn_metadata))
-            attn_metadata = STEP_WINDOWS.windowed(get_forward_context(), name, layer,
-                                                  attn_metadata, kv_cache, window_size,
-                                                  future_offset, max_num_seqs, query.dtype)
-    layer.impl.forward(layer, query, key, value, kv_cache, attn_metadata, output=output,
-                       output_scale=output_scale, output_block_scale=output_block_scale)
+            set_native_window(
+                layer,
+                metadata_backend(attn_metadata),
+                window_size - future_offset,
+                is_causal(attn_metadata),
+            )
+            attn_metadata = STEP_WINDOWS.windowed(
+                get_forward_context(),
+                name,
+                layer,
+                attn_metadata,
+                kv_cache,
+                window_size,
+                future_offset,
+                max_num_seqs,
+                query.dtype,
+            )
+    layer.impl.forward(
+        layer,
+        query,
+        key,
+        value,
+        kv_cache,
+        attn_metadata,
+        output=output,
+        output_scale=output_scale,
+        output_block_scale=output_block_scale,
+    )
 
 
-_LIB = Library("dspark", "FRAGMENT")  # noqa: keeps the op alive with the module
+_LIB = Library("dspark", "FRAGMENT")  # keeps the op alive with the module
 direct_register_custom_op(
     op_name=OP_NAME,
     op_func=unified_attention_with_output_windowed,

@@ -62,8 +62,9 @@ def find_compile_context(max_depth: int = 400) -> Optional[CompileContext]:
                 tag = getattr(owner, "prefix", None)  # VllmBackend
                 if not tag:
                     tag = getattr(getattr(owner, "vllm_backend", None), "prefix", None)
-                fallback = CompileContext(config, tag if isinstance(tag, str) and tag else None,
-                                          type(owner).__name__)
+                fallback = CompileContext(
+                    config, tag if isinstance(tag, str) and tag else None, type(owner).__name__
+                )
         frame = frame.f_back
         depth += 1
     if fallback is not None:

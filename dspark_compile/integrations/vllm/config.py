@@ -65,8 +65,10 @@ def additional_sink_size(vllm_config: Any) -> Optional[Any]:
     return _additional(vllm_config, SINK_CONFIG_KEY)
 
 
-def resolve_window_config(vllm_config: Any, overrides: WindowOverrides = WindowOverrides(),
-                          ) -> DraftWindowConfig:
+def resolve_window_config(
+    vllm_config: Any,
+    overrides: WindowOverrides = WindowOverrides(),
+) -> DraftWindowConfig:
     """The window config for ``vllm_config`` (may be None: overrides only).
 
     Returns a disabled config when no window size is set anywhere. Raises ``ValueError``
@@ -91,19 +93,25 @@ def resolve_window_config(vllm_config: Any, overrides: WindowOverrides = WindowO
             raise ValueError(
                 f"draft_window_size={window!r} is set but vllm_config.speculative_config is "
                 "None: the window applies to a speculative-decoding draft model; set "
-                "speculative_config (method eagle3, dflash or dspark) or pass method= to the pass")
+                "speculative_config (method eagle3, dflash or dspark) or pass method= to the pass"
+            )
         method = spec.method
         if method not in SUPPORTED_METHODS:
             raise ValueError(
                 f"speculative_config.method={method!r} is not supported by the draft window: "
                 f"expected one of {', '.join(SUPPORTED_METHODS)} (or pass method= to the pass "
-                "to state which future offset the draft uses)")
+                "to state which future offset the draft uses)"
+            )
     num_tokens = overrides.num_speculative_tokens
     if num_tokens is None:
         num_tokens = getattr(spec, "num_speculative_tokens", None) or 1
-    return DraftWindowConfig(draft_window_size=window, method=method,
-                             num_speculative_tokens=num_tokens,
-                             future_offset=overrides.future_offset, draft_sink_size=sinks)
+    return DraftWindowConfig(
+        draft_window_size=window,
+        method=method,
+        num_speculative_tokens=num_tokens,
+        future_offset=overrides.future_offset,
+        draft_sink_size=sinks,
+    )
 
 
 def attention_is_split_out(vllm_config: Any) -> bool:

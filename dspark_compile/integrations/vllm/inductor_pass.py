@@ -26,10 +26,8 @@ from typing import Any, Optional
 
 import torch
 import torch.fx
-from torch._higher_order_ops.auto_functionalize import (
-    auto_functionalized, auto_functionalized_v2)
-
 import vllm
+from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 from vllm.compilation.passes.inductor_pass import InductorPass
 from vllm.utils.torch_utils import LayerName
 
@@ -37,7 +35,11 @@ from dspark_compile.config import DraftWindowConfig
 from dspark_compile.integrations.vllm import attention_op
 from dspark_compile.integrations.vllm.compile_context import CompileContext, find_compile_context
 from dspark_compile.integrations.vllm.config import (
-    ADDITIONAL_CONFIG_KEY, WindowOverrides, attention_is_split_out, resolve_window_config)
+    ADDITIONAL_CONFIG_KEY,
+    WindowOverrides,
+    attention_is_split_out,
+    resolve_window_config,
+)
 from dspark_compile.integrations.vllm.metadata import SUPPORTED_BACKENDS
 from dspark_compile.passes import stats as keys
 from dspark_compile.passes.graph_utils import get_arg, sync_eager_input_vals
@@ -66,12 +68,17 @@ class DraftWindowInductorPass(InductorPass):
     pass draws on (``VLLM_PASS_SOURCES``) and the installed vLLM version.
     """
 
-    def __init__(self, draft_window_size: Optional[int] = None, method: Optional[str] = None,
-                 num_speculative_tokens: Optional[int] = None,
-                 future_offset: Optional[int] = None,
-                 draft_sink_size: Optional[int] = None) -> None:
-        self.overrides = WindowOverrides(draft_window_size, method, num_speculative_tokens,
-                                         future_offset, draft_sink_size)
+    def __init__(
+        self,
+        draft_window_size: Optional[int] = None,
+        method: Optional[str] = None,
+        num_speculative_tokens: Optional[int] = None,
+        future_offset: Optional[int] = None,
+        draft_sink_size: Optional[int] = None,
+    ) -> None:
+        self.overrides = WindowOverrides(
+            draft_window_size, method, num_speculative_tokens, future_offset, draft_sink_size
+        )
 
     def window_config(self, vllm_config: Any = None) -> DraftWindowConfig:
         """Resolved config for ``vllm_config`` (default: that of the model being compiled)."""
@@ -81,21 +88,25 @@ class DraftWindowInductorPass(InductorPass):
         return resolve_window_config(vllm_config, self.overrides)
 
     def uuid(self) -> str:
-        return InductorPass.hash_dict({
-            "source": InductorPass.hash_source(self,
-                                               attention_op.unified_attention_with_output_windowed),
-            "files": source_hash(VLLM_PASS_SOURCES),
-            "vllm": vllm.__version__,
-            "window": self.window_config().as_dict(),
-        })
+        return InductorPass.hash_dict(
+            {
+                "source": InductorPass.hash_source(
+                    self, attention_op.unified_attention_with_output_windowed
+                ),
+                "files": source_hash(VLLM_PASS_SOURCES),
+                "vllm": vllm.__version__,
+                "window": self.window_config().as_dict(),
+            }
+        )
 
     name = keys.VLLM_DRAFT_WINDOW_PASS
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         record_pass(new_graph_id(), self.name, self.apply(graph))
 
-    def apply(self, graph: torch.fx.Graph, vllm_config: Any = None,
-              model_tag: Optional[str] = None) -> dict[str, int]:
+    def apply(
+        self, graph: torch.fx.Graph, vllm_config: Any = None, model_tag: Optional[str] = None
+    ) -> dict[str, int]:
         """Rewrite ``graph`` in place; returns counters of what was found and done.
 
         ``vllm_config``/``model_tag`` default to the compiling model's
@@ -110,8 +121,13 @@ class DraftWindowInductorPass(InductorPass):
             if context is not None:
                 vllm_config, model_tag = context.vllm_config, context.model_tag
         config = resolve_window_config(vllm_config, self.overrides)
-        stats = keys.new_stats(keys.ATTENTION_CALLS, keys.REWRITTEN, keys.TARGET_UNTOUCHED,
-                               keys.UNKNOWN_UNTOUCHED, keys.DRAFT_MLA_UNWINDOWED)
+        stats = keys.new_stats(
+            keys.ATTENTION_CALLS,
+            keys.REWRITTEN,
+            keys.TARGET_UNTOUCHED,
+            keys.UNKNOWN_UNTOUCHED,
+            keys.DRAFT_MLA_UNWINDOWED,
+        )
         rewritten: list[str] = []
         if not config.enabled:
             _log_window_off_once(config)
@@ -120,7 +136,8 @@ class DraftWindowInductorPass(InductorPass):
             raise RuntimeError(
                 f"dspark draft window: draft_window_size={config.draft_window_size} is set but "
                 "this graph is not compiled by vLLM (no VllmConfig on the call stack and none "
-                "current): cannot tell draft layers from target layers")
+                "current): cannot tell draft layers from target layers"
+            )
         _warn_if_attention_split_out(vllm_config)
         draft_graph = CompileContext(vllm_config, model_tag, "").is_draft_model
         if draft_graph:
@@ -129,9 +146,11 @@ class DraftWindowInductorPass(InductorPass):
         max_num_seqs = _max_num_seqs(vllm_config)
         # Attention sinks: two more arguments, only when S > 0 (S = 0 emits the
         # call without sinks exactly as before).
-        sinks = ({"sink_size": config.draft_sink_size,
-                  "max_num_tokens": _max_num_tokens(vllm_config)}
-                 if config.draft_sink_size else {})
+        sinks = (
+            {"sink_size": config.draft_sink_size, "max_num_tokens": _max_num_tokens(vllm_config)}
+            if config.draft_sink_size
+            else {}
+        )
         op = torch.ops.vllm.unified_attention_with_output.default
         new_op = attention_op.windowed_attention_op()
         for node in list(graph.nodes):
@@ -146,17 +165,24 @@ class DraftWindowInductorPass(InductorPass):
             layer = layers.get(name) if name is not None else None
             if layer is None:
                 stats[keys.UNKNOWN_UNTOUCHED] += 1
-                logger.warning("dspark draft window: cannot tell whether attention call %s "
-                               "(layer %r) belongs to the draft: no such layer in "
-                               "static_forward_context; left unwindowed", node.name, name)
+                logger.warning(
+                    "dspark draft window: cannot tell whether attention call %s "
+                    "(layer %r) belongs to the draft: no such layer in "
+                    "static_forward_context; left unwindowed",
+                    node.name,
+                    name,
+                )
                 continue
             if not (draft_graph or getattr(layer, "is_draft_layer", False)):
                 stats[keys.TARGET_UNTOUCHED] += 1
                 continue
             _check_backend(name, layer)
-            extra = {"window_size": config.draft_window_size,
-                     "future_offset": config.resolved_future_offset,
-                     "max_num_seqs": max_num_seqs, **sinks}
+            extra = {
+                "window_size": config.draft_window_size,
+                "future_offset": config.resolved_future_offset,
+                "max_num_seqs": max_num_seqs,
+                **sinks,
+            }
             _retarget(node, functionalized, new_op, extra)
             stats[keys.REWRITTEN] += 1
             rewritten.append(name)
@@ -165,9 +191,18 @@ class DraftWindowInductorPass(InductorPass):
                 "dspark draft window is ON (draft_window_size=%d) but the draft model's graph "
                 "(model tag %r) reached the pass with no attention call to window: its attention "
                 "layers are not vllm::unified_attention_with_output calls; the draft runs "
-                "unwindowed", config.draft_window_size, model_tag)
-        PASS_RECORDS.append({"model_tag": model_tag, "rewritten_layers": rewritten,
-                             "window": config.as_dict(), **stats})
+                "unwindowed",
+                config.draft_window_size,
+                model_tag,
+            )
+        PASS_RECORDS.append(
+            {
+                "model_tag": model_tag,
+                "rewritten_layers": rewritten,
+                "window": config.as_dict(),
+                **stats,
+            }
+        )
         graph.lint()
         return stats
 
@@ -191,8 +226,9 @@ def _max_num_tokens(vllm_config: Any) -> int:
     return int(value) if value else 0
 
 
-def _retarget(node: torch.fx.Node, functionalized: bool, new_op: Any,
-              extra: dict[str, int]) -> None:
+def _retarget(
+    node: torch.fx.Node, functionalized: bool, new_op: Any, extra: dict[str, int]
+) -> None:
     """Point a call at ``new_op`` with ``extra`` kwargs, keeping its meta consistent.
 
     Inductor re-traces ``auto_functionalized`` nodes from
@@ -212,15 +248,23 @@ def _mla_op() -> Any:
     return None if mla is None else mla.default
 
 
-def _warn_if_draft_mla(node: torch.fx.Node, functionalized: bool, layers: dict[str, Any],
-                       draft_graph: bool, stats: dict[str, int]) -> None:
+def _warn_if_draft_mla(
+    node: torch.fx.Node,
+    functionalized: bool,
+    layers: dict[str, Any],
+    draft_graph: bool,
+    stats: dict[str, int],
+) -> None:
     name = _layer_name(node, functionalized)
     if not (draft_graph or getattr(layers.get(name), "is_draft_layer", False)):
         return
     stats[keys.DRAFT_MLA_UNWINDOWED] += 1
-    logger.warning("dspark draft window: draft layer %s uses MLA attention "
-                   "(vllm::unified_mla_attention_with_output), which the window does not "
-                   "support yet; its attention is left unwindowed", name)
+    logger.warning(
+        "dspark draft window: draft layer %s uses MLA attention "
+        "(vllm::unified_mla_attention_with_output), which the window does not "
+        "support yet; its attention is left unwindowed",
+        name,
+    )
 
 
 def _layer_name(node: torch.fx.Node, functionalized: bool) -> Optional[str]:
@@ -249,7 +293,8 @@ def _check_backend(name: str, layer: Any) -> None:
         raise ValueError(
             f"draft layer {name} uses attention backend {backend_name!r}: the draft window "
             f"supports {', '.join(SUPPORTED_BACKENDS)} (set speculative_config's "
-            "attention_backend to one of them)")
+            "attention_backend to one of them)"
+        )
 
 
 def _warn_if_kv_spec_hook_missed(config: DraftWindowConfig) -> None:
@@ -261,29 +306,40 @@ def _warn_if_kv_spec_hook_missed(config: DraftWindowConfig) -> None:
     if kv_memory.LAST_DECISION:
         return
     warn_once(
-        logger, "kv_spec_hook_missed",
+        logger,
+        "kv_spec_hook_missed",
         f"dspark draft window (draft_window_size={config.draft_window_size}): the draft's KV "
         "memory is NOT bounded by the window: the KV-cache spec hook "
         "(kv_memory, on GPUModelRunner.get_kv_cache_spec) did not run in this process "
         "(another model runner?); vLLM keeps the draft's full KV cache (the output is "
-        "unaffected)")
+        "unaffected)",
+    )
 
 
 def _warn_if_attention_split_out(vllm_config: Any) -> None:
     if not attention_is_split_out(vllm_config):
         return
     warn_once(
-        logger, "attention_split_out",
+        logger,
+        "attention_split_out",
         "dspark draft window is ON but does nothing: vLLM splits the graph at attention "
         "(compilation_config.splitting_ops contains vllm::unified_attention_with_output), "
         "so post-grad passes never see attention calls. Set compilation_config "
-        "\"splitting_ops\": [] or \"use_inductor_graph_partition\": true")
+        '"splitting_ops": [] or "use_inductor_graph_partition": true',
+    )
 
 
 def _log_window_off_once(config: DraftWindowConfig) -> None:
-    reason = ("method='mtp' (the window would window the target's own layers)"
-              if config.method == "mtp" else
-              f"no {ADDITIONAL_CONFIG_KEY!r} in vllm_config.additional_config and none "
-              "passed to the pass")
-    log_once(logger, logging.INFO, "window_off",
-             "dspark draft window off: %s; graphs left unchanged", reason)
+    reason = (
+        "method='mtp' (the window would window the target's own layers)"
+        if config.method == "mtp"
+        else f"no {ADDITIONAL_CONFIG_KEY!r} in vllm_config.additional_config and none "
+        "passed to the pass"
+    )
+    log_once(
+        logger,
+        logging.INFO,
+        "window_off",
+        "dspark draft window off: %s; graphs left unchanged",
+        reason,
+    )

@@ -71,9 +71,11 @@ LAST_DECISION: dict[str, Any] = {}
 
 
 def _warn(reason: str, config: Any) -> None:
-    message = (f"dspark draft window (draft_window_size={config.draft_window_size}): the draft's "
-               f"KV memory is NOT bounded by the window: {reason}; vLLM keeps the draft's full "
-               "KV cache (the output is unaffected)")
+    message = (
+        f"dspark draft window (draft_window_size={config.draft_window_size}): the draft's "
+        f"KV memory is NOT bounded by the window: {reason}; vLLM keeps the draft's full "
+        "KV cache (the output is unaffected)"
+    )
     logger.warning(message)
     LAST_DECISION.clear()
     LAST_DECISION.update(bounded=False, reason=reason)
@@ -101,8 +103,9 @@ def draft_layer_names(runner: Any) -> Optional[set[str]]:
     return set(names)
 
 
-def bound_draft_kv_specs(vllm_config: Any, specs: dict[str, Any],
-                         draft_layers: Optional[set[str]]) -> dict[str, Any]:
+def bound_draft_kv_specs(
+    vllm_config: Any, specs: dict[str, Any], draft_layers: Optional[set[str]]
+) -> dict[str, Any]:
     """``specs`` with the draft layers' full-attention specs made sliding-window
     (``W - K``) and the draft's layers first; ``specs`` unchanged (with a warning)
     where the window cannot bound the draft's memory (module doc)."""
@@ -110,8 +113,9 @@ def bound_draft_kv_specs(vllm_config: Any, specs: dict[str, Any],
     if not config.enabled:
         return specs
     if _additional(vllm_config, OPT_OUT_KEY) is False:
-        logger.info("dspark draft window: %s=False: the draft's KV memory is not bounded",
-                    OPT_OUT_KEY)
+        logger.info(
+            "dspark draft window: %s=False: the draft's KV memory is not bounded", OPT_OUT_KEY
+        )
         LAST_DECISION.clear()
         LAST_DECISION.update(bounded=False, reason=f"{OPT_OUT_KEY}=False")
         return specs
@@ -119,50 +123,73 @@ def bound_draft_kv_specs(vllm_config: Any, specs: dict[str, Any],
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     if not vllm.__version__.startswith(TESTED_VLLM):
-        _warn(f"vLLM {vllm.__version__} is untested (tested: "
-              f"{', '.join(v + 'x' for v in TESTED_VLLM)})", config)
+        _warn(
+            f"vLLM {vllm.__version__} is untested (tested: "
+            f"{', '.join(v + 'x' for v in TESTED_VLLM)})",
+            config,
+        )
         return specs
     if config.draft_sink_size:
-        _warn(f"attention sinks (draft_sink_size={config.draft_sink_size}) stay readable "
-              "forever and no vLLM sliding-window spec keeps them", config)
+        _warn(
+            f"attention sinks (draft_sink_size={config.draft_sink_size}) stay readable "
+            "forever and no vLLM sliding-window spec keeps them",
+            config,
+        )
         return specs
     if config.method not in BOUNDED_METHODS:
-        _warn(f"method {config.method!r} is not one whose draft reads are known to stay at "
-              f"or after the target's computed tokens ({', '.join(BOUNDED_METHODS)})", config)
+        _warn(
+            f"method {config.method!r} is not one whose draft reads are known to stay at "
+            f"or after the target's computed tokens ({', '.join(BOUNDED_METHODS)})",
+            config,
+        )
         return specs
     if getattr(_scheduler(vllm_config), "disable_hybrid_kv_cache_manager", False):
-        _warn("vLLM's hybrid KV-cache manager is disabled (it turns sliding-window specs "
-              "back into full attention)", config)
+        _warn(
+            "vLLM's hybrid KV-cache manager is disabled (it turns sliding-window specs "
+            "back into full attention)",
+            config,
+        )
         return specs
     parallel = getattr(vllm_config, "parallel_config", None)
     if getattr(parallel, "decode_context_parallel_size", 1) > 1:
-        _warn("decode context parallel is on (vLLM's sliding window does not support it)",
-              config)
+        _warn("decode context parallel is on (vLLM's sliding window does not support it)", config)
         return specs
     if not draft_layers:
-        _warn("the drafter's attention layers are unknown (no _draft_attn_layer_names)",
-              config)
+        _warn("the drafter's attention layers are unknown (no _draft_attn_layer_names)", config)
         return specs
     present = [name for name in specs if name in draft_layers]
-    unsupported = [f"{name} ({type(specs[name]).__name__})" for name in present
-                   if type(specs[name]) is not FullAttentionSpec
-                   or getattr(specs[name], "sliding_window", None) is not None
-                   or getattr(specs[name], "attention_chunk_size", None) is not None]
+    unsupported = [
+        f"{name} ({type(specs[name]).__name__})"
+        for name in present
+        if type(specs[name]) is not FullAttentionSpec
+        or getattr(specs[name], "sliding_window", None) is not None
+        or getattr(specs[name], "attention_chunk_size", None) is not None
+    ]
     if not present or unsupported:
-        _warn("draft layers without a plain FullAttentionSpec: "
-              f"{', '.join(unsupported) or 'none found'}", config)
+        _warn(
+            "draft layers without a plain FullAttentionSpec: "
+            f"{', '.join(unsupported) or 'none found'}",
+            config,
+        )
         return specs
-    window = kv_spec.draft_sliding_window(config.draft_window_size,
-                                          config.resolved_future_offset)
+    window = kv_spec.draft_sliding_window(config.draft_window_size, config.resolved_future_offset)
     block = specs[present[0]].block_size
     max_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
     in_flight = _max_in_flight_tokens(vllm_config)
-    if max_len and in_flight is not None and kv_spec.sliding_blocks_per_request(
-            window, block, in_flight, max_len) >= kv_spec.full_blocks_per_request(block, max_len):
-        logger.info("dspark draft window: the draft's KV memory is not bounded: a "
-                    "sliding window of %d tokens (W - K) plus vLLM's %d in-flight tokens "
-                    "reserves no fewer blocks per request than max_model_len=%d", window,
-                    in_flight, max_len)
+    if (
+        max_len
+        and in_flight is not None
+        and kv_spec.sliding_blocks_per_request(window, block, in_flight, max_len)
+        >= kv_spec.full_blocks_per_request(block, max_len)
+    ):
+        logger.info(
+            "dspark draft window: the draft's KV memory is not bounded: a "
+            "sliding window of %d tokens (W - K) plus vLLM's %d in-flight tokens "
+            "reserves no fewer blocks per request than max_model_len=%d",
+            window,
+            in_flight,
+            max_len,
+        )
         LAST_DECISION.clear()
         LAST_DECISION.update(bounded=False, reason="no saving at this max_model_len")
         return specs
@@ -170,14 +197,21 @@ def bound_draft_kv_specs(vllm_config: Any, specs: dict[str, Any],
     out: dict[str, Any] = {}
     for name in present:
         full = specs[name]
-        kwargs = {f.name: getattr(full, f.name) for f in dataclasses.fields(full)
-                  if f.name in names and f.init}
+        kwargs = {
+            f.name: getattr(full, f.name)
+            for f in dataclasses.fields(full)
+            if f.name in names and f.init
+        }
         kwargs["sliding_window"] = window
         out[name] = SlidingWindowSpec(**kwargs)
     out.update((name, spec) for name, spec in specs.items() if name not in draft_layers)
-    logger.info("dspark draft window: draft KV memory bounded: %d draft layers get vLLM "
-                "SlidingWindowSpec(sliding_window=%d = W - K, block_size=%d)", len(present),
-                window, out[present[0]].block_size)
+    logger.info(
+        "dspark draft window: draft KV memory bounded: %d draft layers get vLLM "
+        "SlidingWindowSpec(sliding_window=%d = W - K, block_size=%d)",
+        len(present),
+        window,
+        out[present[0]].block_size,
+    )
     LAST_DECISION.clear()
     LAST_DECISION.update(bounded=True, sliding_window=window, layers=sorted(present))
     return out
@@ -189,8 +223,7 @@ def install() -> bool:
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except Exception as error:  # noqa: BLE001  (a platform without the v1 GPU runner)
-        logger.debug("dspark: no GPUModelRunner (%s): draft KV memory hook not installed",
-                     error)
+        logger.debug("dspark: no GPUModelRunner (%s): draft KV memory hook not installed", error)
         return False
     original = GPUModelRunner.get_kv_cache_spec
     if getattr(original, _MARK, False):

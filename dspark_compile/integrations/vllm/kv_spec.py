@@ -92,8 +92,9 @@ def cache_hit_blocks(sliding_window: int, block_size: int) -> int:
     return -(-(sliding_window - 1) // block_size)
 
 
-def sliding_blocks_per_request(sliding_window: int, block_size: int, max_in_flight_tokens: int,
-                               max_model_len: int) -> int:
+def sliding_blocks_per_request(
+    sliding_window: int, block_size: int, max_in_flight_tokens: int, max_model_len: int
+) -> int:
     """vLLM's admission cap for one request of a sliding-window group, in blocks
     (``SlidingWindowSpec.max_admission_blocks_per_request``)."""
     tokens = min(sliding_window - 1 + max_in_flight_tokens, max_model_len)
@@ -114,14 +115,21 @@ def recovered_fraction(no_spec: float, with_draft: float, with_window: float) ->
     window wins back (``with_window - with_draft``)."""
     cost = no_spec - with_draft
     if cost <= 0:
-        raise ValueError(f"the draft costs no capacity (no_spec={no_spec}, "
-                         f"with_draft={with_draft})")
+        raise ValueError(
+            f"the draft costs no capacity (no_spec={no_spec}, with_draft={with_draft})"
+        )
     return (with_window - with_draft) / cost
 
 
-def predicted_recovered_fraction(window_size: int, future_offset: int, block_size: int,
-                                 max_in_flight_tokens: int, max_model_len: int,
-                                 target_layers: int, draft_layers: int) -> float:
+def predicted_recovered_fraction(
+    window_size: int,
+    future_offset: int,
+    block_size: int,
+    max_in_flight_tokens: int,
+    max_model_len: int,
+    target_layers: int,
+    draft_layers: int,
+) -> float:
     """The fraction ``recovered_fraction`` predicts for a draft whose layers have the
     same KV page size as the target's, in vLLM's hybrid layout where
     ``target_layers == draft_layers`` (one full group, one sliding group; a

@@ -87,7 +87,11 @@ from typing import Any
 import torch
 
 from dspark_compile.arithmetic.window import (
-    compute_window, max_window_blocks, table_columns, windowed_len_bound)
+    compute_window,
+    max_window_blocks,
+    table_columns,
+    windowed_len_bound,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,13 +119,16 @@ class WindowSpec:
 
     def __post_init__(self) -> None:
         if self.future_offset >= self.window_size:
-            raise ValueError(f"future_offset={self.future_offset} must be < "
-                             f"window_size={self.window_size}")
+            raise ValueError(
+                f"future_offset={self.future_offset} must be < window_size={self.window_size}"
+            )
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size} must be positive")
         if not isinstance(self.sink_size, int) or self.sink_size < 0:
-            raise ValueError(f"sink_size={self.sink_size!r} is invalid: expected a "
-                             "non-negative int (0: no attention sinks)")
+            raise ValueError(
+                f"sink_size={self.sink_size!r} is invalid: expected a "
+                "non-negative int (0: no attention sinks)"
+            )
 
     @property
     def tokens(self) -> int:
@@ -133,13 +140,16 @@ def _metadata_classes() -> dict[str, type]:
     classes: dict[str, type] = {}
     try:
         from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
+
         classes["FLASH_ATTN"] = FlashAttentionMetadata
     except ImportError:  # CPU builds may lack the FA extension
         pass
     from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadata
+
     classes["TRITON_ATTN"] = TritonAttentionMetadata
     try:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+
         classes["CPU_ATTN"] = CPUAttentionMetadata
     except ImportError:
         pass
@@ -157,7 +167,8 @@ def metadata_backend(metadata: Any) -> str:
             return name
     raise TypeError(
         f"attention metadata of type {type(metadata).__name__} cannot be windowed: "
-        f"the draft window supports the {', '.join(SUPPORTED_BACKENDS)} backends")
+        f"the draft window supports the {', '.join(SUPPORTED_BACKENDS)} backends"
+    )
 
 
 def kernel_block_size(kv_cache: torch.Tensor) -> int:
@@ -166,8 +177,10 @@ def kernel_block_size(kv_cache: torch.Tensor) -> int:
     if kv_cache.dim() == 5 and kv_cache.shape[0] == 2:
         return int(kv_cache.shape[2])
     if kv_cache.dim() != 4:
-        raise ValueError(f"kv_cache of shape {tuple(kv_cache.shape)} is not a "
-                         "[num_blocks, num_kv_heads, block_size, 2 * head_size] cache")
+        raise ValueError(
+            f"kv_cache of shape {tuple(kv_cache.shape)} is not a "
+            "[num_blocks, num_kv_heads, block_size, 2 * head_size] cache"
+        )
     return int(kv_cache.shape[2])
 
 
@@ -177,8 +190,10 @@ def native_window_value(backend: str, tokens: int) -> Any:
         return (tokens - 1, 0)
     if backend == "CPU_ATTN":
         return tokens
-    raise ValueError(f"backend={backend!r} has no native draft window: expected one of "
-                     f"{', '.join(SUPPORTED_BACKENDS)}")
+    raise ValueError(
+        f"backend={backend!r} has no native draft window: expected one of "
+        f"{', '.join(SUPPORTED_BACKENDS)}"
+    )
 
 
 def _window_disabled(value: Any) -> bool:
@@ -201,14 +216,16 @@ def set_native_window(layer: Any, backend: str, tokens: int, causal: bool = True
         if not causal:
             raise RuntimeError(
                 f"draft layer {getattr(layer, 'layer_name', '?')} has the native causal draft "
-                "window but now runs non-causal attention; the window cannot serve both")
+                "window but now runs non-causal attention; the window cannot serve both"
+            )
         return
     if not causal:
         return
     if not _window_disabled(have):
         raise NotImplementedError(
             f"draft layer {getattr(layer, 'layer_name', '?')} already has its own sliding "
-            f"window {have!r}; combining it with the draft window ({want!r}) is not supported")
+            f"window {have!r}; combining it with the draft window ({want!r}) is not supported"
+        )
     impl.sliding_window = want
 
 
@@ -220,25 +237,34 @@ class WindowBuffers:
     in CUDA graphs stay valid. A step that does not fit raises.
     """
 
-    def __init__(self, max_num_reqs: int, table_width: int, device: torch.device,
-                 seq_lens_dtype: torch.dtype, table_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        table_width: int,
+        device: torch.device,
+        seq_lens_dtype: torch.dtype,
+        table_dtype: torch.dtype,
+    ) -> None:
         self.seq_lens = torch.zeros(max_num_reqs, dtype=seq_lens_dtype, device=device)
-        self.block_table = torch.zeros(max_num_reqs, table_width, dtype=table_dtype,
-                                       device=device)
+        self.block_table = torch.zeros(max_num_reqs, table_width, dtype=table_dtype, device=device)
 
     def check_fits(self, seq_lens: torch.Tensor, block_table: torch.Tensor) -> None:
         num_reqs, width = block_table.shape
         cap_reqs, cap_width = self.block_table.shape
-        if (num_reqs > cap_reqs or width > cap_width
-                or seq_lens.device != self.seq_lens.device
-                or seq_lens.dtype != self.seq_lens.dtype
-                or block_table.dtype != self.block_table.dtype):
+        if (
+            num_reqs > cap_reqs
+            or width > cap_width
+            or seq_lens.device != self.seq_lens.device
+            or seq_lens.dtype != self.seq_lens.dtype
+            or block_table.dtype != self.block_table.dtype
+        ):
             raise RuntimeError(
                 f"draft window buffers ([{cap_reqs}, {cap_width}] {self.block_table.dtype} on "
                 f"{self.block_table.device}) cannot hold a step with {num_reqs} requests and a "
                 f"[{num_reqs}, {width}] {block_table.dtype} block table on {block_table.device}; "
                 "they are sized once from max_num_seqs and the first block table and never "
-                "reallocated (CUDA graphs keep their pointers)")
+                "reallocated (CUDA graphs keep their pointers)"
+            )
 
 
 def is_causal(metadata: Any) -> bool:
@@ -247,8 +273,9 @@ def is_causal(metadata: Any) -> bool:
     return causal is True
 
 
-def window_start(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                 spec: WindowSpec, causal: bool = True) -> torch.Tensor:
+def window_start(
+    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, spec: WindowSpec, causal: bool = True
+) -> torch.Tensor:
     """Block-aligned window start per request (device, no sync).
 
     Causal: the window of the request's FIRST query token, so every token of
@@ -258,7 +285,7 @@ def window_start(seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
     """
     num_reqs = seq_lens.shape[0]
     if causal:
-        q_lens = (query_start_loc[1:num_reqs + 1] - query_start_loc[:num_reqs]).to(seq_lens.dtype)
+        q_lens = (query_start_loc[1 : num_reqs + 1] - query_start_loc[:num_reqs]).to(seq_lens.dtype)
     else:
         q_lens = torch.ones_like(seq_lens)
     first = seq_lens - q_lens
@@ -272,8 +299,13 @@ def window_columns(max_query_len: int, table_width: int, spec: WindowSpec) -> in
     return max(1, min(table_width, needed))
 
 
-def window_attention_metadata(metadata: Any, buffers: WindowBuffers, spec: WindowSpec,
-                              layer: Any = None, query_dtype: torch.dtype | None = None) -> Any:
+def window_attention_metadata(
+    metadata: Any,
+    buffers: WindowBuffers,
+    spec: WindowSpec,
+    layer: Any = None,
+    query_dtype: torch.dtype | None = None,
+) -> Any:
     """Windowed shallow copy of a FlashAttention/Triton/CPU metadata object (module doc).
 
     ``layer`` (the draft layer) and ``query_dtype`` are needed for CPU attention,
@@ -291,14 +323,18 @@ def window_attention_metadata(metadata: Any, buffers: WindowBuffers, spec: Windo
     max_query_len = int(metadata.max_query_len) if causal else 1
     cols = window_columns(max_query_len, width, spec)
     offsets = torch.arange(cols, device=table.device, dtype=table.dtype)
-    src = torch.div(start, spec.block_size, rounding_mode="floor").to(table.dtype)[:, None] + offsets
-    needed = torch.div(new_lens + spec.block_size - 1, spec.block_size,
-                       rounding_mode="floor").to(table.dtype)
+    src = (
+        torch.div(start, spec.block_size, rounding_mode="floor").to(table.dtype)[:, None] + offsets
+    )
+    needed = torch.div(new_lens + spec.block_size - 1, spec.block_size, rounding_mode="floor").to(
+        table.dtype
+    )
     valid = (offsets[None, :] < needed[:, None]) & (src < width)
     gathered = torch.gather(table, 1, torch.clamp(src, max=width - 1).long())
     new_table = buffers.block_table[:num_reqs, :cols]
-    torch.where(valid, gathered, torch.zeros((), dtype=table.dtype, device=table.device),
-                out=new_table)
+    torch.where(
+        valid, gathered, torch.zeros((), dtype=table.dtype, device=table.device), out=new_table
+    )
     out = copy.copy(metadata)
     out.seq_lens = new_lens
     out.block_table = new_table
@@ -316,29 +352,43 @@ def _check_supported(metadata: Any) -> None:
         if getattr(metadata, field, None) is not None:
             raise NotImplementedError(
                 f"{type(metadata).__name__}.{field} is set ({feature}): the draft window "
-                f"does not support {feature}")
+                f"does not support {feature}"
+            )
 
 
-def _cpu_scheduler_metadata(metadata: Any, layer: Any, spec: WindowSpec,
-                            query_dtype: torch.dtype | None,
-                            sliding_window: int | None = None) -> torch.Tensor:
+def _cpu_scheduler_metadata(
+    metadata: Any,
+    layer: Any,
+    spec: WindowSpec,
+    query_dtype: torch.dtype | None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """CPU attention's work plan for the windowed lengths and the native window
     (``sliding_window``: that of the layer's kernel; default ``W - K``)."""
     import vllm.envs as envs
     from vllm import _custom_ops as ops
 
     if layer is None or query_dtype is None:
-        raise ValueError("CPU attention metadata needs the draft layer and the query dtype "
-                         "to recompute its scheduler metadata")
+        raise ValueError(
+            "CPU attention metadata needs the draft layer and the query dtype "
+            "to recompute its scheduler metadata"
+        )
     impl = layer.impl
     return ops.cpu_attn_get_scheduler_metadata(
-        num_reqs=metadata.seq_lens.shape[0], num_heads=impl.num_heads,
-        num_kv_heads=impl.num_kv_heads, head_dim=impl.head_size, seq_lens=metadata.seq_lens,
-        dtype=query_dtype, query_start_loc=metadata.query_start_loc, causal=metadata.causal,
+        num_reqs=metadata.seq_lens.shape[0],
+        num_heads=impl.num_heads,
+        num_kv_heads=impl.num_kv_heads,
+        head_dim=impl.head_size,
+        seq_lens=metadata.seq_lens,
+        dtype=query_dtype,
+        query_start_loc=metadata.query_start_loc,
+        causal=metadata.causal,
         sliding_window_size=spec.tokens if sliding_window is None else sliding_window,
         isa=layer.isa,
-        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, dynamic_causal=metadata.dynamic_causal,
-        kv_cache_dtype=impl.kv_cache_dtype)
+        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+        dynamic_causal=metadata.dynamic_causal,
+        kv_cache_dtype=impl.kv_cache_dtype,
+    )
 
 
 class SinkWindowBuffers:
@@ -352,8 +402,15 @@ class SinkWindowBuffers:
     in CUDA graphs stay valid. A step that does not fit raises.
     """
 
-    def __init__(self, rows: int, cols: int, device: torch.device, seq_lens_dtype: torch.dtype,
-                 table_dtype: torch.dtype, query_start_loc_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        rows: int,
+        cols: int,
+        device: torch.device,
+        seq_lens_dtype: torch.dtype,
+        table_dtype: torch.dtype,
+        query_start_loc_dtype: torch.dtype,
+    ) -> None:
         self.seq_lens = torch.zeros(rows, dtype=seq_lens_dtype, device=device)
         self.block_table = torch.zeros(rows, cols, dtype=table_dtype, device=device)
         self.query_start_loc = torch.arange(rows + 1, dtype=query_start_loc_dtype, device=device)
@@ -361,17 +418,21 @@ class SinkWindowBuffers:
     def check_fits(self, rows: int, metadata: Any) -> None:
         seq_lens, table = metadata.seq_lens, metadata.block_table
         capacity = self.block_table.shape[0]
-        if (rows > capacity or seq_lens.device != self.seq_lens.device
-                or seq_lens.dtype != self.seq_lens.dtype
-                or table.dtype != self.block_table.dtype
-                or metadata.query_start_loc.dtype != self.query_start_loc.dtype):
+        if (
+            rows > capacity
+            or seq_lens.device != self.seq_lens.device
+            or seq_lens.dtype != self.seq_lens.dtype
+            or table.dtype != self.block_table.dtype
+            or metadata.query_start_loc.dtype != self.query_start_loc.dtype
+        ):
             raise RuntimeError(
                 f"draft window + sink buffers ({capacity} rows of {self.block_table.dtype} on "
                 f"{self.block_table.device}) cannot hold a step needing {rows} rows (one per "
                 f"query token of a causal call, one per request otherwise) with "
                 f"{seq_lens.dtype} seq_lens and a {table.dtype} block table on {table.device}; "
                 "they are sized once from max_num_batched_tokens and never reallocated "
-                "(CUDA graphs keep their pointers)")
+                "(CUDA graphs keep their pointers)"
+            )
 
 
 def check_no_native_window(layer: Any, backend: str) -> None:
@@ -383,11 +444,17 @@ def check_no_native_window(layer: Any, backend: str) -> None:
         raise NotImplementedError(
             f"draft layer {getattr(layer, 'layer_name', '?')} ({backend}) has a sliding window "
             f"{have!r}: attention sinks need the layer without one (a native window hides "
-            "the sinks); drafts with sliding-window layers cannot use draft_sink_size")
+            "the sinks); drafts with sliding-window layers cannot use draft_sink_size"
+        )
 
 
-def sink_window_metadata(metadata: Any, buffers: SinkWindowBuffers, spec: WindowSpec,
-                         layer: Any = None, query_dtype: torch.dtype | None = None) -> Any:
+def sink_window_metadata(
+    metadata: Any,
+    buffers: SinkWindowBuffers,
+    spec: WindowSpec,
+    layer: Any = None,
+    query_dtype: torch.dtype | None = None,
+) -> Any:
     """Windowed copy of a FlashAttention/Triton/CPU metadata object WITH attention sinks
     (``spec.sink_size > 0``; module docstring, "Sinks").
 
@@ -406,28 +473,41 @@ def sink_window_metadata(metadata: Any, buffers: SinkWindowBuffers, spec: Window
     if getattr(metadata, "use_cascade", False):
         raise NotImplementedError(
             f"{type(metadata).__name__}.use_cascade is set (cascade attention): the draft "
-            "window with sinks does not support cascade attention")
+            "window with sinks does not support cascade attention"
+        )
     seq_lens, table, qsl = metadata.seq_lens, metadata.block_table, metadata.query_start_loc
     num_reqs, width = table.shape
     causal = is_causal(metadata)
     rows = int(metadata.num_actual_tokens) if causal else num_reqs
     buffers.check_fits(rows, metadata)
-    window, offset, block, sinks = (spec.window_size, spec.future_offset, spec.block_size,
-                                    spec.sink_size)
-    cols = max(1, min(width, buffers.block_table.shape[1],
-                      max_window_blocks(window, block, sink_size=sinks)))
+    window, offset, block, sinks = (
+        spec.window_size,
+        spec.future_offset,
+        spec.block_size,
+        spec.sink_size,
+    )
+    cols = max(
+        1,
+        min(width, buffers.block_table.shape[1], max_window_blocks(window, block, sink_size=sinks)),
+    )
     new_lens = buffers.seq_lens[:rows]
     new_table = buffers.block_table[:rows, :cols]
     if rows and num_reqs and width:
         if causal:
             tokens = torch.arange(rows, device=qsl.device, dtype=qsl.dtype)
-            req = torch.clamp(torch.searchsorted(qsl[1:num_reqs + 1].contiguous(), tokens,
-                                                 right=True), max=num_reqs - 1)
+            req = torch.clamp(
+                torch.searchsorted(qsl[1 : num_reqs + 1].contiguous(), tokens, right=True),
+                max=num_reqs - 1,
+            )
             first = qsl[req]
             s_req = seq_lens[req]
             # p_t + 1 (clamped to [1, s] so that padding rows stay harmless)
-            ends = (s_req - (qsl[req + 1] - first).to(s_req.dtype)
-                    + (tokens - first).to(s_req.dtype) + 1)
+            ends = (
+                s_req
+                - (qsl[req + 1] - first).to(s_req.dtype)
+                + (tokens - first).to(s_req.dtype)
+                + 1
+            )
             ends = torch.clamp(torch.minimum(ends, s_req), min=1)
         else:
             req = torch.arange(num_reqs, device=seq_lens.device)
@@ -437,8 +517,9 @@ def sink_window_metadata(metadata: Any, buffers: SinkWindowBuffers, spec: Window
         index = table_columns(col, bounds.start_block[:, None], bounds.kept_sinks[:, None])
         valid = (col < bounds.needed[:, None]) & (index < width)
         values = table[req.long()[:, None], torch.clamp(index, min=0, max=width - 1).long()]
-        torch.where(valid, values, torch.zeros((), dtype=table.dtype, device=table.device),
-                    out=new_table)
+        torch.where(
+            valid, values, torch.zeros((), dtype=table.dtype, device=table.device), out=new_table
+        )
         new_lens.copy_(bounds.windowed_len)
     else:
         new_lens.zero_()
@@ -446,16 +527,18 @@ def sink_window_metadata(metadata: Any, buffers: SinkWindowBuffers, spec: Window
     out = copy.copy(metadata)
     out.seq_lens = new_lens
     out.block_table = new_table
-    out.max_seq_len = min(int(metadata.max_seq_len),
-                          windowed_len_bound(window, block, offset, 1, sinks))
+    out.max_seq_len = min(
+        int(metadata.max_seq_len), windowed_len_bound(window, block, offset, 1, sinks)
+    )
     if causal:
-        out.query_start_loc = buffers.query_start_loc[:rows + 1]
+        out.query_start_loc = buffers.query_start_loc[: rows + 1]
         out.max_query_len = 1
     if backend == "FLASH_ATTN" and getattr(metadata, "scheduler_metadata", None) is not None:
         out.scheduler_metadata = None
     if backend == "CPU_ATTN":
-        out.scheduler_metadata = _cpu_scheduler_metadata(out, layer, spec, query_dtype,
-                                                         sliding_window=-1)
+        out.scheduler_metadata = _cpu_scheduler_metadata(
+            out, layer, spec, query_dtype, sliding_window=-1
+        )
     out.dspark_expanded = causal
     return out
 
@@ -483,10 +566,20 @@ class StepWindows:
         self._buffers: dict[tuple, Any] = {}
         self.stats = WindowStats()
 
-    def windowed(self, forward_context: Any, layer_name: str, layer: Any, metadata: Any,
-                 kv_cache: torch.Tensor, window_size: int, future_offset: int,
-                 max_num_seqs: int, query_dtype: torch.dtype, sink_size: int = 0,
-                 max_num_tokens: int = 0) -> Any:
+    def windowed(
+        self,
+        forward_context: Any,
+        layer_name: str,
+        layer: Any,
+        metadata: Any,
+        kv_cache: torch.Tensor,
+        window_size: int,
+        future_offset: int,
+        max_num_seqs: int,
+        query_dtype: torch.dtype,
+        sink_size: int = 0,
+        max_num_tokens: int = 0,
+    ) -> Any:
         """``sink_size`` S > 0: ``sink_window_metadata`` into buffers of
         ``max(max_num_tokens, max_num_seqs, rows of this call)`` rows; else
         ``window_attention_metadata`` (no sinks; ``max_num_tokens`` unused)."""
@@ -497,8 +590,9 @@ class StepWindows:
             return hit[1]
         if sink_size:
             spec = WindowSpec(window_size, future_offset, kernel_block_size(kv_cache), sink_size)
-            buffers = self._sink_buffers_for(layer_name, metadata, spec, max_num_seqs,
-                                             max_num_tokens)
+            buffers = self._sink_buffers_for(
+                layer_name, metadata, spec, max_num_seqs, max_num_tokens
+            )
             result = sink_window_metadata(metadata, buffers, spec, layer, query_dtype)
             if result.dspark_expanded:
                 self.stats.metadata_expanded += 1
@@ -513,33 +607,62 @@ class StepWindows:
         step[id(metadata)] = (metadata, result)
         return result
 
-    def _buffers_for(self, layer_name: str, metadata: Any, spec: WindowSpec,
-                     max_num_seqs: int) -> WindowBuffers:
+    def _buffers_for(
+        self, layer_name: str, metadata: Any, spec: WindowSpec, max_num_seqs: int
+    ) -> WindowBuffers:
         key = (layer_name, spec)
         buffers = self._buffers.get(key)
         if buffers is None:
             num_reqs, width = metadata.block_table.shape
             capacity = max(num_reqs, max_num_seqs, 1)
-            logger.info("dspark draft window: buffers for %s: %d requests x %d blocks",
-                        layer_name, capacity, width)
-            buffers = WindowBuffers(capacity, width, metadata.seq_lens.device,
-                                    metadata.seq_lens.dtype, metadata.block_table.dtype)
+            logger.info(
+                "dspark draft window: buffers for %s: %d requests x %d blocks",
+                layer_name,
+                capacity,
+                width,
+            )
+            buffers = WindowBuffers(
+                capacity,
+                width,
+                metadata.seq_lens.device,
+                metadata.seq_lens.dtype,
+                metadata.block_table.dtype,
+            )
             self._buffers[key] = buffers
         return buffers
 
-    def _sink_buffers_for(self, layer_name: str, metadata: Any, spec: WindowSpec,
-                          max_num_seqs: int, max_num_tokens: int) -> SinkWindowBuffers:
+    def _sink_buffers_for(
+        self,
+        layer_name: str,
+        metadata: Any,
+        spec: WindowSpec,
+        max_num_seqs: int,
+        max_num_tokens: int,
+    ) -> SinkWindowBuffers:
         key = (layer_name, spec)
         buffers = self._buffers.get(key)
         if buffers is None:
-            rows = max(int(metadata.num_actual_tokens), metadata.block_table.shape[0],
-                       max_num_tokens, max_num_seqs, 1)
-            cols = max_window_blocks(spec.window_size, spec.block_size,
-                                     sink_size=spec.sink_size)
-            logger.info("dspark draft window + sinks: buffers for %s: %d rows x %d blocks",
-                        layer_name, rows, cols)
-            buffers = SinkWindowBuffers(rows, cols, metadata.seq_lens.device,
-                                        metadata.seq_lens.dtype, metadata.block_table.dtype,
-                                        metadata.query_start_loc.dtype)
+            rows = max(
+                int(metadata.num_actual_tokens),
+                metadata.block_table.shape[0],
+                max_num_tokens,
+                max_num_seqs,
+                1,
+            )
+            cols = max_window_blocks(spec.window_size, spec.block_size, sink_size=spec.sink_size)
+            logger.info(
+                "dspark draft window + sinks: buffers for %s: %d rows x %d blocks",
+                layer_name,
+                rows,
+                cols,
+            )
+            buffers = SinkWindowBuffers(
+                rows,
+                cols,
+                metadata.seq_lens.device,
+                metadata.seq_lens.dtype,
+                metadata.block_table.dtype,
+                metadata.query_start_loc.dtype,
+            )
             self._buffers[key] = buffers
         return buffers

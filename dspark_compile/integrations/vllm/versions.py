@@ -26,10 +26,10 @@ TESTED = {
 #: Version-dependent vLLM behaviour the integration handles, by feature detection.
 VERSION_DEPENDENT = {
     "Attention.is_draft_layer": "set by 0.33's proposers; absent in 0.26 and 0.32, where the "
-                                "draft model tag (compile_context.DRAFT_MODEL_TAGS) decides",
+    "draft model tag (compile_context.DRAFT_MODEL_TAGS) decides",
     "FlashAttentionMetadata.use_cascade": "older FlashAttention metadata; cascade raises",
     "EAGLE3 aux layer ids": "0.26's V1 runner reads eagle_config.eagle_aux_hidden_state_layer_ids, "
-                            "its V2 runner only the top-level key: drafts should set both",
+    "its V2 runner only the top-level key: drafts should set both",
 }
 
 
@@ -51,6 +51,11 @@ def check_vllm_version(version: Optional[str] = None) -> bool:
         version = vllm.__version__
     if is_supported(version):
         return True
-    logger.warning("dspark-compile supports vLLM %s (tested: %s); this is vLLM %s: the draft "
-                   "window may fail or be wrong", SUPPORTED, ", ".join(TESTED), version)
+    logger.warning(
+        "dspark-compile supports vLLM %s (tested: %s); this is vLLM %s: the draft "
+        "window may fail or be wrong",
+        SUPPORTED,
+        ", ".join(TESTED),
+        version,
+    )
     return False
