@@ -360,6 +360,13 @@ def plot(result: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- engine worker
+def stop_cells(now: float, cells_until: float, hard_deadline: float, cells_done: int) -> bool:
+    """Whether an engine stops before its next cell: past the hard limit always; past its
+    share of cell time (counted from the engine being up) only once a cell has run, so
+    every engine that starts times at least its first cell (greedy, batch 1)."""
+    return now > hard_deadline or (cells_done > 0 and now > cells_until)
+
+
 def engine_kwargs(spec: dict) -> dict:
     """``vllm.LLM`` arguments of one engine: the README's configuration."""
     kwargs = dict(
@@ -431,6 +438,8 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
         f"{spec['family']}/{spec['setting']}: engine up in {init_s:.0f} s "
         f"(KV cache {kv_tokens} tokens)"
     )
+    # the engine's share of cell time counts from here, not from its launch
+    cells_until = time.time() + spec["cell_seconds"]
     # warm-up (not recorded): one short request
     llm.generate(
         [{"prompt_token_ids": prompts[str(spec["contexts"][0])][0]}],
@@ -442,8 +451,8 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
             for context in spec["contexts"]:
                 pool = prompts[str(context)]
                 for repeat in range(spec["repeats"]):
-                    if time.time() > spec["deadline"]:
-                        log("deadline reached: stopping this engine")
+                    if stop_cells(time.time(), cells_until, spec["hard_deadline"], len(cells)):
+                        log("time share used: stopping this engine")
                         write(cells, False)
                         return
                     if batch == 1:
@@ -806,7 +815,10 @@ def main(argv=None) -> int:
             "repeats": args.repeats,
             "new_tokens": args.new_tokens,
             "prompts": {str(c): prompts[str(c)] for c in contexts},
-            "deadline": time.time() + share - 15,
+            # cell time: the share less the engine's start; the first cell runs regardless
+            # of the share, within the hard limit (the child is killed at share + 30 s)
+            "cell_seconds": max(share - ENGINE_START_ESTIMATE_S, 0.0),
+            "hard_deadline": time.time() + share + 15,
         }
         log(
             f"engine {family}/{setting} (window {windows[setting]}), {remaining:.0f} s left, "

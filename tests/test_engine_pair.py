@@ -271,3 +271,18 @@ def test_engine_kwargs_are_the_readme_configuration():
     assert "additional_config" not in off and "speculative_config" in off
     nospec = be.engine_kwargs({**spec, "setting": "nospec", "window": None})
     assert "speculative_config" not in nospec
+
+
+def test_an_engine_that_started_late_still_times_its_first_cell():
+    """The engine's cell time counts from the engine being up: an engine whose start took
+    its whole share (as on the H200, 47-54 s of a 68 s share) still runs its first cell,
+    and stops after it once its share is used."""
+    import bench_engine as be
+
+    up, hard = 100.0, 200.0
+    cells_until = up + 0.0  # share entirely taken by the start
+    assert not be.stop_cells(up + 1, cells_until, hard, cells_done=0)
+    assert be.stop_cells(up + 1, cells_until, hard, cells_done=1)
+    # within its share it keeps going; past the hard limit it stops even before a cell
+    assert not be.stop_cells(up + 5, up + 30, hard, cells_done=3)
+    assert be.stop_cells(hard + 1, up + 500, hard, cells_done=0)

@@ -65,7 +65,8 @@ def _spec(setting: str, window, contexts, prompts, max_model_len, draft_context)
         "repeats": 1,
         "new_tokens": NEW_TOKENS,
         "prompts": prompts,
-        "deadline": time.time() + 1200,
+        "cell_seconds": 1200.0,
+        "hard_deadline": time.time() + 1200,
     }
 
 
