@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The acceptance study at the h200 scale on one CUDA GPU (what produced
-# benchmarks/results/*-study-h200.*): trains the target and both drafts (a few
+# benchmarks/results/2026-11-30/*-study-h200.*): trains the target and both drafts (a few
 # minutes), then runs `dspark-compile study`. Writes study.json (after every
 # cell), study.md, study.png (when matplotlib is there) and study.log to OUT_DIR.
 # Usage: bash benchmarks/study_h200.sh [OUT_DIR] [extra `study` options]

@@ -170,7 +170,7 @@ def test_peer_configs_parse_into_launch_knobs():
 @pytest.mark.skipif(
     torch.cuda.is_available(),
     reason="runs the kernels on CPU tensors in the Triton interpreter; on a GPU "
-    "the sweep itself runs (benchmarks/results/*peer-attention-tuning*)",
+    "the sweep itself runs (benchmarks/results/2026-11-30/*peer-attention-tuning*)",
 )
 @pytest.mark.parametrize("q_len", [1, 4])
 def test_peer_sweep_checks_each_candidate_and_tabulates(q_len, monkeypatch):

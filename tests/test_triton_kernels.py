@@ -118,7 +118,7 @@ def _launch(cfg):
 
 
 def test_default_launches_are_the_measured_ones():
-    """The H200 launches behind benchmarks/results/2026-11-30-h200-pipelined-launches.md
+    """The H200 launches behind benchmarks/results/2026-11-30/2026-11-30-h200-pipelined-launches.md
     (Hq 32 / Hkv 8, b=16, W=2048 -> 129-block windowed tables, 132 SMs)."""
     gpu = torch.device("cuda", 0)  # only picks defaults; nothing touches a GPU
     win = max_window_blocks(2048, 16)

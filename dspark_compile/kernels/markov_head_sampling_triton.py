@@ -66,7 +66,7 @@ from dspark_compile.kernels.sampling_args import check_head_sampling_args, kerne
 
 BLOCK_R = 64  # rows per program: one warpgroup's tensor-core tile
 BLOCK_V = 32  # tokens per tile (H200 sweep,
-TILES_PER_PROGRAM = 16  # benchmarks/results/2026-12-01-h200-session12.md)
+TILES_PER_PROGRAM = 16  # benchmarks/results/2026-12-01/2026-12-01-h200-session12.md)
 NUM_WARPS = 4
 NUM_STAGES = 3  # tiles whose loads are in flight (software-pipelined)
 _HEAD_DTYPES = (torch.float16, torch.bfloat16)

@@ -53,7 +53,7 @@ from triton.language.extra import libdevice
 
 from dspark_compile.kernels.sampling_args import check_sampling_args, kernel_sampling_inputs
 
-BLOCK_V = 2048  # H200 sweeps (benchmarks/results/2026-12-01-h200-session11.md)
+BLOCK_V = 2048  # H200 sweeps (benchmarks/results/2026-12-01/2026-12-01-h200-session11.md)
 NUM_WARPS = 8
 NUM_STAGES = 4  # whole blocks whose loads are in flight (software-pipelined)
 MAX_CANDIDATES = 8

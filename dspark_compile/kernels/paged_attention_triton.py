@@ -467,7 +467,7 @@ class TileDefaults:
 
 
 # Measured on the H200, torch 2.11 / triton 3.6, Hq 32 / Hkv 8, D 128, bf16, b=16
-# (benchmarks/results/2026-11-30-h200-peer-attention-tuning.md and
+# (benchmarks/results/2026-11-30/2026-11-30-h200-peer-attention-tuning.md and
 # 2026-11-30-h200-pipelined-launches.md). The KV loop loads block-table entries and
 # then gathers K/V rows with them; triton 3.6 overlaps those gathers with the dots
 # only from num_stages=5 on (below that the loop waits for every copy it has issued

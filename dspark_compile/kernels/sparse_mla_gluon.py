@@ -51,7 +51,7 @@ kernel 513 us). The kernel without its KV copies after the first tiles
 (``_launch(..., diag_no_loads=True)``, wrong result) takes 91 us. Slower there:
 ``block_n=32, stages=4`` (145 us in an earlier version), L2 prefetch of tiles ahead
 (removed), and filling both stages before the first scores (120 us).
-(``benchmarks/results/2026-12-01-h200-session9.md``.)
+(``benchmarks/results/2026-12-01/2026-12-01-h200-session9.md``.)
 
 Falls back to ``grouped_sparse_mla_attention_triton`` (same result) when:
 ``DSPARK_MLA_GLUON=0``; triton is not a version in ``VERIFIED_TRITON`` (3.6 and 3.8,

@@ -44,8 +44,8 @@ class GroupedMLAConfig:
     pre-scan (a power of two; fewer, wider steps wait on fewer loads).
 
     The defaults are the fastest 16-bit shape measured on the H200
-    (``benchmarks/results/2026-11-30-h200-dspark-kernels.md``; ``scan_block``:
-    ``benchmarks/results/2026-11-30-h200-mla-scan-markov.md``); they need ~221 KB
+    (``benchmarks/results/2026-11-30/2026-11-30-h200-dspark-kernels.md``; ``scan_block``:
+    ``benchmarks/results/2026-11-30/2026-11-30-h200-mla-scan-markov.md``); they need ~221 KB
     of shared memory, and a launch that does not fit retries with smaller shapes.
     """
 
