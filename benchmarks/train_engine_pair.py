@@ -44,6 +44,7 @@ import torch  # noqa: E402
 from dspark_compile.speculative import hf_export  # noqa: E402
 from dspark_compile.speculative.corpus import load_corpus, random_windows  # noqa: E402
 from dspark_compile.speculative.lm import LMConfig, TransformerLM  # noqa: E402
+from dspark_compile.speculative.scales import H200_TARGET, eagle_config  # noqa: E402
 from dspark_compile.speculative.training import (  # noqa: E402
     TrainSpec,
     eval_loss,
@@ -76,24 +77,9 @@ class PairScale:
         return self.target_long.context
 
 
-def _eagle_cfg(target: LMConfig, intermediate: int) -> LMConfig:
-    return LMConfig(
-        hidden_size=target.hidden_size,
-        num_layers=1,
-        num_heads=target.num_heads,
-        num_kv_heads=target.num_kv_heads,
-        head_dim=target.head_dim,
-        intermediate_size=intermediate,
-        feature_size=target.hidden_size,
-    )
-
-
 # head_dim 32 / 64: vLLM's CPU attention wants multiples of 32.
 _TINY_TARGET = LMConfig(
     hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
-)
-_H200_TARGET = LMConfig(
-    hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64, intermediate_size=1536
 )
 
 SCALES = {
@@ -113,7 +99,7 @@ SCALES = {
             intermediate_size=192,
         ),
         draft_train=TrainSpec(steps=250, batch=32, context=64, lr=3e-3, warmup=20, seed=1),
-        eagle=_eagle_cfg(_TINY_TARGET, 256),
+        eagle=eagle_config(_TINY_TARGET, 256),
         eagle_train=TrainSpec(steps=100, batch=16, context=64, lr=3e-3, warmup=10, seed=2),
         contexts=(64, 1024),
         max_model_len=1120,
@@ -123,7 +109,7 @@ SCALES = {
     # one H200, ~4-5 minutes of training in all.
     "h200": PairScale(
         name="h200",
-        target=_H200_TARGET,
+        target=H200_TARGET,
         target_short=TrainSpec(steps=1200, batch=16, context=1024, lr=1e-3, warmup=100),
         target_long=TrainSpec(steps=800, batch=4, context=8704, lr=5e-4, warmup=50, seed=3),
         draft=LMConfig(
@@ -135,7 +121,7 @@ SCALES = {
             intermediate_size=768,
         ),
         draft_train=TrainSpec(steps=1500, batch=64, context=512, lr=2e-3, warmup=100, seed=1),
-        eagle=_eagle_cfg(_H200_TARGET, 1536),
+        eagle=eagle_config(H200_TARGET, 1536),
         eagle_train=TrainSpec(steps=1500, batch=32, context=512, lr=1e-3, warmup=100, seed=2),
         contexts=(512, 1024, 2048, 4096, 8192),
         max_model_len=8192 + 512,

@@ -112,7 +112,8 @@ class StudyScale:
         return dataclasses.asdict(self)
 
 
-def _eagle(target: LMConfig, intermediate: int) -> LMConfig:
+def eagle_config(target: LMConfig, intermediate: int) -> LMConfig:
+    """The one-layer EAGLE draft for ``target``: its width and heads, fed its hidden states."""
     return LMConfig(
         hidden_size=target.hidden_size,
         num_layers=1,
@@ -124,7 +125,7 @@ def _eagle(target: LMConfig, intermediate: int) -> LMConfig:
     )
 
 
-_H200_TARGET = LMConfig(
+H200_TARGET = LMConfig(
     hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64, intermediate_size=1536
 )
 _QUICK_TARGET = LMConfig(
@@ -137,7 +138,7 @@ _SMOKE_TARGET = LMConfig(
 SCALES: dict[str, StudyScale] = {
     "h200": StudyScale(
         name="h200",
-        target=_H200_TARGET,
+        target=H200_TARGET,
         target_train=TrainSpec(steps=1500, batch=8, context=4096, lr=1e-3, warmup=100),
         draft=LMConfig(
             hidden_size=256,
@@ -148,7 +149,7 @@ SCALES: dict[str, StudyScale] = {
             intermediate_size=768,
         ),
         draft_train=TrainSpec(steps=1500, batch=64, context=256, lr=2e-3, warmup=100, seed=1),
-        eagle=_eagle(_H200_TARGET, 1536),
+        eagle=eagle_config(H200_TARGET, 1536),
         eagle_train=TrainSpec(steps=1500, batch=32, context=256, lr=1e-3, warmup=100, seed=2),
         contexts=(256, 512, 1024, 2048, 4096),
         prompts=6,
@@ -167,7 +168,7 @@ SCALES: dict[str, StudyScale] = {
             intermediate_size=256,
         ),
         draft_train=TrainSpec(steps=400, batch=32, context=32, lr=3e-3, warmup=40, seed=1),
-        eagle=_eagle(_QUICK_TARGET, 384),
+        eagle=eagle_config(_QUICK_TARGET, 384),
         eagle_train=TrainSpec(steps=400, batch=32, context=32, lr=2e-3, warmup=40, seed=2),
         contexts=(32, 64, 128, 256, 512),
         prompts=3,
@@ -186,7 +187,7 @@ SCALES: dict[str, StudyScale] = {
             intermediate_size=64,
         ),
         draft_train=TrainSpec(steps=4, batch=2, context=16, warmup=2, seed=1),
-        eagle=_eagle(_SMOKE_TARGET, 64),
+        eagle=eagle_config(_SMOKE_TARGET, 64),
         eagle_train=TrainSpec(steps=4, batch=2, context=16, warmup=2, seed=2),
         contexts=(16, 256),
         prompts=1,
