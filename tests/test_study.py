@@ -92,6 +92,11 @@ def test_study_smoke_writes_json_markdown_and_plot(tmp_path, capsys):
         assert row["rounds"] > 0 and row["tokens_per_s"] > 0
     assert all(c["graphs"] <= 2 for c in saved["compile"])  # no recompiles per context
     assert saved["meta"]["corpus"]["eval_files"]
+    # provenance: the commit of this checkout (a git work tree here)
+    assert len(saved["meta"]["git"]["commit"]) == 40 and saved["meta"]["git"]["dirty"] in (
+        True,
+        False,
+    )
     assert "## tau" in (tmp_path / "study.md").read_text()
     report = (tmp_path / "study.md").read_text()
     assert "| eagle | W=16 (1x) + S=64 (4 blocks) |" in report

@@ -33,6 +33,7 @@ from dspark_compile.speculative.loop import (
 from dspark_compile.speculative.report import write_reports
 from dspark_compile.speculative.scales import StudyScale
 from dspark_compile.speculative.training import eval_loss, tie_eagle_to_target, train_lm
+from dspark_compile.tools.provenance import git_state
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ def run_study(
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": _device_name(device),
             "versions": _versions(),
+            "git": git_state(),
             "scale": scale.as_dict(),
             "lowering": lowering,
             "compile": "torch.compile(draft, backend='dspark'), token dim marked dynamic, "
