@@ -64,3 +64,18 @@ def test_out_of_range_versions_warn(version, ok, caplog):
     assert bool(warned) is not ok
     if warned:
         assert version in warned[0].getMessage() and ">=0.26.0" in warned[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    "version,tested",
+    [
+        ("0.26.0", True),
+        ("0.26.1", True),
+        ("0.32.0+cpu", True),
+        ("0.33.2", True),
+        ("0.28.0", False),
+        ("0.34.0", False),
+    ],
+)
+def test_tested_series_are_the_tested_minor_versions(version, tested):
+    assert versions.is_tested_series(version) is tested

@@ -43,7 +43,7 @@ sliding window, chunked local attention); the drafter's layers cannot be told
 (no ``_draft_attn_layer_names``); the method's draft queries are not known to
 stay at or after the target's computed tokens (only ``draft_model``,
 ``eagle``, ``eagle3`` are bounded); the vLLM version is untested
-(``TESTED_VLLM``). Nothing is changed either (logged, no warning) when the
+(``versions.is_tested_series``). Nothing is changed either (logged, no warning) when the
 sliding-window group would reserve no fewer blocks per request than full
 attention (``W - K`` plus vLLM's in-flight tokens >= ``max_model_len``).
 ``additional_config["draft_window_kv_memory"] = False`` turns it off.
@@ -56,13 +56,12 @@ import functools
 import logging
 from typing import Any, Optional
 
-from dspark_compile.integrations.vllm import kv_spec
+from dspark_compile.integrations.vllm import kv_spec, versions
 from dspark_compile.integrations.vllm.config import _additional, resolve_window_config
 
 logger = logging.getLogger(__name__)
 
 OPT_OUT_KEY = "draft_window_kv_memory"
-TESTED_VLLM = ("0.26.", "0.32.", "0.33.")
 BOUNDED_METHODS = ("draft_model", "eagle", "eagle3")
 _MARK = "_dspark_bounds_draft_kv"
 
@@ -122,10 +121,9 @@ def bound_draft_kv_specs(
     import vllm
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
-    if not vllm.__version__.startswith(TESTED_VLLM):
+    if not versions.is_tested_series(vllm.__version__):
         _warn(
-            f"vLLM {vllm.__version__} is untested (tested: "
-            f"{', '.join(v + 'x' for v in TESTED_VLLM)})",
+            f"vLLM {vllm.__version__} is untested (tested: {', '.join(versions.TESTED)})",
             config,
         )
         return specs

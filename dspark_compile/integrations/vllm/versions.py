@@ -42,6 +42,13 @@ def is_supported(version: str) -> bool:
     return _base(version) in SUPPORTED
 
 
+def is_tested_series(version: str) -> bool:
+    """Whether ``version`` is a release of a ``major.minor`` series in ``TESTED`` (``0.26.1``
+    yes, ``0.28.0`` no): the bar for code that reaches into vLLM's internals."""
+    series = {Version(v).release[:2] for v in TESTED}
+    return _base(version).release[:2] in series
+
+
 def check_vllm_version(version: Optional[str] = None) -> bool:
     """Warn (once per call site) when the running vLLM is outside ``SUPPORTED``; returns
     whether it is inside. ``version`` defaults to ``vllm.__version__``."""
