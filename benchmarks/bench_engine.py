@@ -9,7 +9,11 @@ each in its own subprocess, one after another, reused across every cell: context
 (prompt length, from the drafts' training length to >= 16x it) x batch (1 and e.g. 32
 concurrent requests) x temperature (0: greedy, 1: sampling, seeded per request) x
 repeat. Settings: ``nospec`` (no speculation; shared by both families), ``off`` (the
-draft, no window), ``w1x`` (W = the draft's training context), ``w2x`` (W = 2x).
+draft, no window), ``w1x`` (W = the draft's training context), ``w2x`` (W = 2x),
+``native`` (no window of ours: the draft's own ``config.json`` declares its layers
+sliding-window, ``sliding_window = W - K`` for W = the training context, the route of
+``benchmarks/repro_native_swa_draft.py``; its greedy cells show whether the target's
+output survives).
 
 Per cell: output tokens/s (all requests' output tokens / wall time of ``generate``),
 per-request decode tokens/s (vLLM's ``request_decode_time_seconds``), mean acceptance
@@ -46,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-SETTINGS = ("nospec", "off", "w1x", "w2x")
+SETTINGS = ("nospec", "off", "w1x", "w2x", "native")
 FAMILIES = ("draft_model", "eagle")
 SPEC_PREFIX = "vllm:spec_decode"
 HISTOGRAMS = {
@@ -161,7 +165,8 @@ def summarize(cells: list[dict]) -> list[dict]:
             row["acceptance_per_pos"] = [p / drafts for p in pos]
         else:
             row["acceptance_per_pos"] = None
-        row["lossless"] = group[0].get("lossless")
+        checked = [c["lossless"] for c in group if c.get("lossless") is not None]
+        row["lossless"] = all(checked) if checked else None
         rows.append(row)
     order = {s: i for i, s in enumerate(SETTINGS)}
     rows.sort(
@@ -177,16 +182,18 @@ def summarize(cells: list[dict]) -> list[dict]:
 
 
 def check_lossless(cells: list[dict]) -> None:
-    """Mark greedy speculative cells (first repeat) ``lossless`` = tokens equal nospec's."""
+    """Mark greedy speculative cells that kept tokens ``lossless``: their tokens equal the
+    ``nospec`` cell of the same context, batch and repeat (batch 1: repeat r runs prompt r;
+    batch B: only repeat 0 keeps tokens)."""
     ref = {
-        (c["context"], c["batch"]): c["tokens"]
+        (c["context"], c["batch"], c["repeat"]): c["tokens"]
         for c in cells
         if c["setting"] == "nospec" and c["temperature"] == 0 and c.get("tokens") is not None
     }
     for c in cells:
         if c["setting"] == "nospec" or c["temperature"] != 0 or c.get("tokens") is None:
             continue
-        base = ref.get((c["context"], c["batch"]))
+        base = ref.get((c["context"], c["batch"], c["repeat"]))
         if base is None:
             continue
         same = [a == b for a, b in zip(c["tokens"], base)]
@@ -199,6 +206,45 @@ def _fmt(value, std=None, digits=2) -> str:
         return "-"
     text = f"{value:.{digits}f}"
     return text + (f" +- {std:.{digits}f}" if std else "")
+
+
+def ratio_lines(rows: list[dict], contexts: list[int]) -> list[str]:
+    """Markdown: each setting's output tokens/s over the same draft without the window
+    (``off``) and over no speculation, per family / batch / temperature and context."""
+    by = {(r["family"], r["batch"], r["temperature"], r["setting"], r["context"]): r for r in rows}
+    nospec = {
+        (r["batch"], r["temperature"], r["context"]): r for r in rows if r["setting"] == "nospec"
+    }
+    lines = [
+        "## Output tokens/s ratios (x: over `off`, the same draft without the window; "
+        "vs nospec: over no speculation)",
+        "",
+        "| family | batch | T | setting | " + " | ".join(map(str, contexts)) + " |",
+        "|---|---:|---:|---|" + "---:|" * len(contexts),
+    ]
+    keys = sorted(
+        {k[:4] for k in by if k[3] not in ("nospec", "off")},
+        key=lambda k: (k[0], k[1], k[2], SETTINGS.index(k[3])),
+    )
+    for family, batch, temperature, setting in keys:
+        cells = []
+        for c in contexts:
+            r = by.get((family, batch, temperature, setting, c))
+            off = by.get((family, batch, temperature, "off", c))
+            base = nospec.get((batch, temperature, c))
+            if not r or not r.get("tokens_per_s"):
+                cells.append("")
+                continue
+            parts = []
+            if off and off.get("tokens_per_s"):
+                parts.append(f"{r['tokens_per_s'] / off['tokens_per_s']:.2f}x")
+            if base and base.get("tokens_per_s"):
+                parts.append(f"vs nospec {r['tokens_per_s'] / base['tokens_per_s']:.2f}")
+            cells.append(", ".join(parts))
+        lines.append(
+            f"| {family} | {batch} | {temperature} | {setting} | " + " | ".join(cells) + " |"
+        )
+    return lines + [""]
 
 
 def markdown(result: dict) -> str:
@@ -260,17 +306,23 @@ def markdown(result: dict) -> str:
                 cells.append(text)
             lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += ratio_lines(rows, contexts)
     lines += [
         "## Engines",
         "",
-        "| family | setting | window | start s | KV cache tokens | peak GPU memory GiB | cells |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| family | setting | window | start s | KV cache tokens | KV cache groups "
+        "| peak GPU memory GiB | cells |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
     ]
     for e in result.get("engines", []):
         mem = e.get("peak_memory_bytes")
+        window = e.get("window") or (
+            f"sliding_window {e['sliding_window']}" if e.get("sliding_window") else "-"
+        )
         lines.append(
-            f"| {e['family']} | {e['setting']} | {e.get('window') or '-'} | "
+            f"| {e['family']} | {e['setting']} | {window} | "
             f"{_fmt(e.get('init_s'), None, 0)} | {e.get('kv_cache_tokens') or '-'} | "
+            f"{', '.join(e.get('kv_cache_groups') or []) or '-'} | "
             f"{_fmt(mem / 2**30 if mem else None)} | {e.get('cells', 0)} |"
         )
     loop = result.get("our_loop")
@@ -360,6 +412,29 @@ def plot(result: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- engine worker
+def native_draft(
+    src: Path, dst: Path, sliding_window: int, target_layers: int, family: str
+) -> Path:
+    """``src``'s checkpoint with its layers declared sliding-window in ``config.json``
+    (weights linked, not copied): the user's do-it-yourself route. vLLM's Llama
+    (``llama.py``) indexes ``layer_types`` by the draft-relative layer only where the
+    drafter sets ``target_layer_count`` (EAGLE3); a ``draft_model`` draft counts from 0,
+    and an EAGLE (``LlamaForCausalLMEagle``) layer at index ``target_layers + i``, so its
+    list is padded with the target's layers (``full_attention``)."""
+    config = json.loads((src / "config.json").read_text())
+    layers = int(config["num_hidden_layers"])
+    pad = target_layers if family == "eagle" else 0
+    config["layer_types"] = ["full_attention"] * pad + ["sliding_attention"] * layers
+    config["sliding_window"] = sliding_window
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        link = dst / f.name
+        if f.name != "config.json" and not link.exists():
+            link.symlink_to(f.resolve())
+    (dst / "config.json").write_text(json.dumps(config, indent=1))
+    return dst
+
+
 def stop_cells(now: float, cells_until: float, hard_deadline: float, cells_done: int) -> bool:
     """Whether an engine stops before its next cell: past the hard limit always; past its
     share of cell time (counted from the engine being up) only once a cell has run, so
@@ -410,18 +485,30 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
     started = time.time()
     llm = LLM(**engine_kwargs(spec))
     init_s = time.time() - started
-    kv_tokens = None
+    kv_tokens, groups = None, None
     try:
         cache = llm.llm_engine.vllm_config.cache_config
         kv_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
     except Exception:  # noqa: BLE001  (not exposed by this vLLM)
         pass
+    try:  # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        kv_config = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
+        groups = [
+            f"{type(g.kv_cache_spec).__name__}"
+            f"(sw={getattr(g.kv_cache_spec, 'sliding_window', None)}, "
+            f"{len(g.layer_names)} layers)"
+            for g in kv_config.kv_cache_groups
+        ]
+    except AttributeError:
+        pass
     engine = {
         "family": spec["family"],
         "setting": spec["setting"],
         "window": spec.get("window"),
+        "sliding_window": spec.get("sliding_window"),
         "init_s": init_s,
         "kv_cache_tokens": kv_tokens,
+        "kv_cache_groups": groups,
     }
 
     def write(cells, done):
@@ -728,7 +815,12 @@ def main(argv=None) -> int:
             parser.error(f"--settings: {s!r} is not one of {SETTINGS}")
     batches = [int(b) for b in args.batches.split(",")]
     c0 = report["draft_context"]
-    windows = {"nospec": None, "off": None, "w1x": c0, "w2x": 2 * c0}
+    windows = {"nospec": None, "off": None, "w1x": c0, "w2x": 2 * c0, "native": None}
+    # the native route's sliding window: W - K for W = the training context (the
+    # smallest vLLM sliding window that keeps every key our window reads, kv_spec.py)
+    from dspark_compile.integrations.vllm import kv_spec
+
+    native_sw = kv_spec.draft_sliding_window(c0, args.num_speculative_tokens)
     need = max(batches)
     for c in contexts:
         if len(prompts[str(c)]) < min(need, args.repeats):
@@ -753,6 +845,7 @@ def main(argv=None) -> int:
             "dtype": args.dtype,
             "max_model_len": args.max_model_len or report["max_model_len"],
             "windows": windows,
+            "native_sliding_window": native_sw,
             "engine_config": "vllm.LLM(speculative_config=..., compilation_config="
             "{'inductor_passes': {'post_grad_custom_post_pass': "
             "'dspark_compile_vllm.draft_window_pass'},"
@@ -795,12 +888,23 @@ def main(argv=None) -> int:
             log(msg)
             result["notes"].append(msg)
             continue
+        draft = pair / ("eagle" if family == "eagle" else "draft")
+        if setting == "native":
+            target_layers = json.loads((pair / "target" / "config.json").read_text())
+            draft = native_draft(
+                draft,
+                workdir / f"{draft.name}-native",
+                native_sw,
+                int(target_layers["num_hidden_layers"]),
+                family,
+            )
         spec = {
             "family": family,
             "setting": setting,
             "window": windows[setting],
+            "sliding_window": native_sw if setting == "native" else None,
             "target": str(pair / "target"),
-            "draft": str(pair / ("eagle" if family == "eagle" else "draft")),
+            "draft": str(draft),
             "method": "eagle" if family == "eagle" else "draft_model",
             "num_speculative_tokens": args.num_speculative_tokens,
             "dtype": args.dtype,
@@ -845,7 +949,7 @@ def main(argv=None) -> int:
                 "device": args.our_loop_device or ("cuda" if "cpu" not in _device() else "cpu"),
                 "pair": str(pair),
                 "families": families,
-                "settings": [(s, windows[s]) for s in settings if s != "nospec"],
+                "settings": [(s, windows[s]) for s in settings if s not in ("nospec", "native")],
                 "contexts": contexts,
                 "prompts": {str(c): prompts[str(c)] for c in contexts},
                 "repeats": args.repeats,

@@ -1,9 +1,11 @@
-"""The KV capacity vLLM reports with a self-draft: no speculation, the draft without a
-window, the draft with our window (draft KV memory bounded), and the draft declared
-sliding-window in its own config.json (the native route, benchmarks/repro_native_swa_draft.py).
+"""The KV capacity vLLM reports with a self-draft and with an EAGLE3 draft: no speculation,
+the draft without a window, the draft with our window (draft KV memory bounded), and the
+draft declared sliding-window in its own config.json (the native route,
+benchmarks/repro_native_swa_draft.py).
 
-Each variant is one engine in its own process (tiny random Llama built locally,
-``draft_model`` self-draft, K=3, greedy). All variants get the same KV pool
+Each variant is one engine in its own process (tiny random Llama built locally;
+``self_*``: ``draft_model`` self-draft, ``eagle3_*``: the engine tier's one-layer EAGLE3
+draft; K=3, greedy). All variants get the same KV pool
 (``kv_cache_memory_bytes``), so their capacities compare directly. Prints, per
 variant, the "KV cache size: N tokens" vLLM computes (``get_kv_cache_capacity``,
 the number it logs), its KV-cache groups, whether the greedy output equals the
@@ -40,7 +42,20 @@ sys.path.insert(0, str(ROOT))
 
 import repro_native_swa_draft as repro  # noqa: E402
 
-VARIANTS = ("nospec", "self_full", "self_window", "self_swa")
+VARIANTS = (
+    "nospec",
+    "self_full",
+    "self_window",
+    "self_swa",
+    "eagle3_full",
+    "eagle3_window",
+    "eagle3_swa",
+)
+# per draft: (speculative method, model key for *_full / *_window, model key for *_swa)
+DRAFTS = {
+    "self": ("draft_model", "target", "target_swa"),
+    "eagle3": ("eagle3", "eagle3", "eagle3_swa"),
+}
 
 
 def build(
@@ -59,6 +74,23 @@ def build(
                 layer_types=["sliding_attention"] * num_layers, sliding_window=sliding_window
             )
             (path / "config.json").write_text(json.dumps(config, indent=1))
+    return str(path)
+
+
+def build_eagle3(path: Path, max_positions: int, sliding_window: int | None = None) -> str:
+    """The engine tier's random one-layer EAGLE3 draft for this 2-layer target
+    (``tests_engine/tiny_models.py``, same weights every time), its positions raised to
+    the target's; with ``sliding_window`` its one layer declared sliding-window (vLLM's
+    EAGLE3 Llama indexes ``layer_types`` draft-relative: ``target_layer_count``)."""
+    sys.path.insert(0, str(ROOT / "tests_engine"))
+    import tiny_models
+
+    tiny_models.build_eagle3(path, seed=1)
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = max_positions
+    if sliding_window is not None:
+        config.update(layer_types=["sliding_attention"], sliding_window=sliding_window)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
     return str(path)
 
 
@@ -89,13 +121,14 @@ def run_variant(args: argparse.Namespace, variant: str, models: dict, out: Path)
         kwargs["attention_config"] = {"backend": args.backend}
         kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
     if variant != "nospec":
-        draft = models["target_swa"] if variant == "self_swa" else models["target"]
+        family, route = variant.split("_")
+        method, full, swa = DRAFTS[family]
         kwargs["speculative_config"] = {
-            "method": "draft_model",
-            "model": draft,
+            "method": method,
+            "model": models[swa if route == "swa" else full],
             "num_speculative_tokens": repro.NUM_SPEC,
         }
-    if variant == "self_window":
+    if variant.endswith("_window"):
         kwargs["additional_config"] = {"draft_window_size": args.window}
     llm = LLM(**kwargs)
     outputs = llm.generate(
@@ -156,12 +189,15 @@ def report(args: argparse.Namespace, results: dict, native_sw: int) -> None:
             f"(max concurrency {r['max_concurrency']:.2f}x, {r['num_blocks']} blocks); "
             f"identical to target: {same}/{len(r['tokens'])}; {acc}; groups {r['groups']}"
         )
+    for family in DRAFTS:
+        if {"nospec", f"{family}_full"} <= results.keys():
+            base = results["nospec"]["kv_cache_tokens"]
+            draft = results[f"{family}_full"]["kv_cache_tokens"]
+            for v in (f"{family}_window", f"{family}_swa"):
+                if v in results:
+                    frac = kv_spec.recovered_fraction(base, draft, results[v]["kv_cache_tokens"])
+                    print(f"{v}: wins back {frac:.1%} of the capacity the draft costs")
     if {"nospec", "self_full"} <= results.keys():
-        base, draft = results["nospec"]["kv_cache_tokens"], results["self_full"]["kv_cache_tokens"]
-        for v in ("self_window", "self_swa"):
-            if v in results:
-                frac = kv_spec.recovered_fraction(base, draft, results[v]["kv_cache_tokens"])
-                print(f"{v}: wins back {frac:.1%} of the capacity the draft costs")
         inflight = results.get("self_window", results["self_full"])["max_in_flight_tokens"]
         predicted = kv_spec.predicted_recovered_fraction(
             native_sw + repro.NUM_SPEC,
@@ -223,6 +259,12 @@ def main() -> int:
         "target_swa": build(work / "target_swa", 2, 0, positions, native_sw),
     }
     variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            parser.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
+    if any(v.startswith("eagle3") for v in variants):
+        models["eagle3"] = build_eagle3(work / "eagle3", positions)
+        models["eagle3_swa"] = build_eagle3(work / "eagle3_swa", positions, native_sw)
     backends = [b for b in args.backend.split(",") if b]
     runs = [(b, v) for b in backends for v in variants]
 

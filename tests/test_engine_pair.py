@@ -206,11 +206,14 @@ def test_summary_pools_acceptance_and_spreads_tokens_per_s_and_checks_losslessne
     cells = [
         _cell("nospec", 64, 0, 100.0, 0, 0, [], tokens=[[1, 2, 3]]),
         _cell("off", 64, 0, 150.0, 10, 20, [9, 7, 4], tokens=[[1, 2, 3]]),
-        _cell("off", 64, 1, 170.0, 30, 30, [20, 8, 2], tokens=[[1, 2, 3]]),
+        _cell("off", 64, 1, 170.0, 30, 30, [20, 8, 2], tokens=[[7, 8, 9]]),
         _cell("w1x", 64, 0, 160.0, 10, 25, [10, 9, 6], tokens=[[1, 2, 4]], window=64),
+        # batch 1, repeat 1 runs prompt 1: its reference is nospec's repeat 1
+        _cell("nospec", 64, 1, 100.0, 0, 0, [], tokens=[[7, 8, 9]]),
     ]
     be.check_lossless(cells)
-    assert cells[1]["lossless"] is True and cells[3]["lossless"] is False
+    assert cells[1]["lossless"] is True and cells[2]["lossless"] is True
+    assert cells[3]["lossless"] is False
     rows = {r["setting"]: r for r in be.summarize(cells)}
     off = rows["off"]
     assert off["repeats"] == 2
@@ -286,3 +289,37 @@ def test_an_engine_that_started_late_still_times_its_first_cell():
     # within its share it keeps going; past the hard limit it stops even before a cell
     assert not be.stop_cells(up + 5, up + 30, hard, cells_done=3)
     assert be.stop_cells(hard + 1, up + 500, hard, cells_done=0)
+
+
+def test_ratio_table_is_tokens_per_s_over_the_same_draft_without_the_window():
+    import bench_engine as be
+
+    cells = [
+        _cell("nospec", 64, 0, 100.0, 0, 0, []),
+        _cell("off", 64, 0, 50.0, 10, 5, [5, 0, 0]),
+        _cell("w1x", 64, 0, 120.0, 10, 25, [10, 9, 6], window=64),
+    ]
+    lines = be.ratio_lines(be.summarize(cells), [64])
+    assert "| draft_model | 1 | 0.0 | w1x | 2.40x, vs nospec 1.20 |" in lines
+
+
+def test_native_draft_declares_sliding_layers_where_vllm_indexes_them(tmp_path):
+    """draft_model: ``layer_types`` per draft layer; EAGLE (no ``target_layer_count`` in
+    vLLM's LlamaForCausalLMEagle): padded with the target's layers; weights linked."""
+    import json
+
+    import bench_engine as be
+
+    src = tmp_path / "draft"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    (src / "model.safetensors").write_bytes(b"weights")
+    got = be.native_draft(src, tmp_path / "native", 59, 8, "draft_model")
+    config = json.loads((got / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] * 2
+    assert config["sliding_window"] == 59
+    assert (got / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((src / "config.json").read_text()) == {"num_hidden_layers": 2}
+    eagle = be.native_draft(src, tmp_path / "native-eagle", 59, 8, "eagle")
+    types = json.loads((eagle / "config.json").read_text())["layer_types"]
+    assert types == ["full_attention"] * 8 + ["sliding_attention"] * 2
