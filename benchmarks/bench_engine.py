@@ -816,11 +816,10 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     c0 = report["draft_context"]
     windows = {"nospec": None, "off": None, "w1x": c0, "w2x": 2 * c0, "native": None}
-    # the native route's sliding window: W - K for W = the training context (the
-    # smallest vLLM sliding window that keeps every key our window reads, kv_spec.py)
-    from dspark_compile.integrations.vllm import kv_spec
-
-    native_sw = kv_spec.draft_sliding_window(c0, args.num_speculative_tokens)
+    # the native route's sliding window: W - K for W = the training context, the smallest
+    # vLLM sliding window that keeps every key our window reads (kv_spec.draft_sliding_window;
+    # not imported: the vLLM integration needs vLLM, --our-loop-only runs without it)
+    native_sw = c0 - args.num_speculative_tokens
     need = max(batches)
     for c in contexts:
         if len(prompts[str(c)]) < min(need, args.repeats):

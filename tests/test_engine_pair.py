@@ -323,3 +323,11 @@ def test_native_draft_declares_sliding_layers_where_vllm_indexes_them(tmp_path):
     eagle = be.native_draft(src, tmp_path / "native-eagle", 59, 8, "eagle")
     types = json.loads((eagle / "config.json").read_text())["layer_types"]
     assert types == ["full_attention"] * 8 + ["sliding_attention"] * 2
+
+
+def test_native_sliding_window_is_the_kv_spec_window():
+    import bench_engine as be  # noqa: F401  (the arithmetic below is bench_engine's)
+
+    from dspark_compile.integrations.vllm import kv_spec
+
+    assert kv_spec.draft_sliding_window(512, 5) == 512 - 5
