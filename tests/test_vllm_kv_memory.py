@@ -191,6 +191,7 @@ def test_pass_warns_when_the_spec_hook_never_ran(caplog):
         with caplog.at_level(logging.WARNING, logger=inductor_pass.logger.name):
             inductor_pass._warn_if_kv_spec_hook_missed(config)
         assert "NOT bounded" in caplog.text and "did not run" in caplog.text
+        assert "VLLM_USE_V2_MODEL_RUNNER=0" in caplog.text
         caplog.clear()
         kv_memory.LAST_DECISION.update(bounded=True)
         validation._WARNED.discard((inductor_pass.logger.name, "kv_spec_hook_missed"))

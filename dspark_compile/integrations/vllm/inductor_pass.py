@@ -311,8 +311,9 @@ def _warn_if_kv_spec_hook_missed(config: DraftWindowConfig) -> None:
         f"dspark draft window (draft_window_size={config.draft_window_size}): the draft's KV "
         "memory is NOT bounded by the window: the KV-cache spec hook "
         "(kv_memory, on GPUModelRunner.get_kv_cache_spec) did not run in this process "
-        "(another model runner?); vLLM keeps the draft's full KV cache (the output is "
-        "unaffected)",
+        "(another model runner: vLLM's V2 runner, the default for eagle/eagle3/dflash "
+        "drafts on vLLM 0.26 GPUs, is not covered; VLLM_USE_V2_MODEL_RUNNER=0 selects V1); "
+        "vLLM keeps the draft's full KV cache (the output is unaffected)",
     )
 
 
