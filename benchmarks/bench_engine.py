@@ -13,7 +13,7 @@ draft, no window), ``w1x`` (W = the draft's training context), ``w2x`` (W = 2x),
 ``native`` (no window of ours: the draft's own ``config.json`` declares its layers
 sliding-window, ``sliding_window = W - K`` for W = the training context, the route of
 ``benchmarks/repro_native_swa_draft.py``; its greedy cells show whether the target's
-output survives).
+output survives; `draft_model` only: an EAGLE draft has no such config vLLM loads).
 
 Per cell: output tokens/s (all requests' output tokens / wall time of ``generate``),
 per-request decode tokens/s (vLLM's ``request_decode_time_seconds``), mean acceptance
@@ -412,19 +412,15 @@ def plot(result: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- engine worker
-def native_draft(
-    src: Path, dst: Path, sliding_window: int, target_layers: int, family: str
-) -> Path:
-    """``src``'s checkpoint with its layers declared sliding-window in ``config.json``
-    (weights linked, not copied): the user's do-it-yourself route. vLLM's Llama
-    (``llama.py``) indexes ``layer_types`` by the draft-relative layer only where the
-    drafter sets ``target_layer_count`` (EAGLE3); a ``draft_model`` draft counts from 0,
-    and an EAGLE (``LlamaForCausalLMEagle``) layer at index ``target_layers + i``, so its
-    list is padded with the target's layers (``full_attention``)."""
+def native_draft(src: Path, dst: Path, sliding_window: int) -> Path:
+    """``src``'s checkpoint with every layer declared sliding-window in ``config.json``
+    (weights linked, not copied): the user's do-it-yourself route for a ``draft_model``
+    draft. Not for EAGLE (``LlamaForCausalLMEagle``): vLLM indexes its ``layer_types`` by
+    the absolute layer (target layers + i; no ``target_layer_count``) while transformers
+    requires ``len(layer_types) == num_hidden_layers``, so no such config loads
+    (``NATIVE_EAGLE_NOTE``)."""
     config = json.loads((src / "config.json").read_text())
-    layers = int(config["num_hidden_layers"])
-    pad = target_layers if family == "eagle" else 0
-    config["layer_types"] = ["full_attention"] * pad + ["sliding_attention"] * layers
+    config["layer_types"] = ["sliding_attention"] * int(config["num_hidden_layers"])
     config["sliding_window"] = sliding_window
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
@@ -433,6 +429,13 @@ def native_draft(
             link.symlink_to(f.resolve())
     (dst / "config.json").write_text(json.dumps(config, indent=1))
     return dst
+
+
+NATIVE_EAGLE_NOTE = (
+    "eagle/native: not run: an EAGLE draft cannot declare sliding-window layers that vLLM "
+    "loads (vLLM's LlamaForCausalLMEagle reads layer_types[target_layers + i] and asserts it "
+    "exists; transformers rejects a layer_types list longer than num_hidden_layers)"
+)
 
 
 def stop_cells(now: float, cells_until: float, hard_deadline: float, cells_done: int) -> bool:
@@ -888,15 +891,12 @@ def main(argv=None) -> int:
             result["notes"].append(msg)
             continue
         draft = pair / ("eagle" if family == "eagle" else "draft")
+        if setting == "native" and family == "eagle":
+            log(NATIVE_EAGLE_NOTE)
+            result["notes"].append(NATIVE_EAGLE_NOTE)
+            continue
         if setting == "native":
-            target_layers = json.loads((pair / "target" / "config.json").read_text())
-            draft = native_draft(
-                draft,
-                workdir / f"{draft.name}-native",
-                native_sw,
-                int(target_layers["num_hidden_layers"]),
-                family,
-            )
+            draft = native_draft(draft, workdir / f"{draft.name}-native", native_sw)
         spec = {
             "family": family,
             "setting": setting,
