@@ -431,6 +431,14 @@ def native_draft(src: Path, dst: Path, sliding_window: int) -> Path:
     return dst
 
 
+def native_sliding_window(window_size: int, num_speculative_tokens: int) -> int:
+    """The native route's ``sliding_window`` for a window of ``window_size``: ``W - K``,
+    the smallest vLLM sliding window that keeps every key our window reads
+    (``kv_spec.draft_sliding_window``, not imported: the vLLM integration needs vLLM and
+    ``--our-loop-only`` runs without it)."""
+    return window_size - num_speculative_tokens
+
+
 NATIVE_EAGLE_NOTE = (
     "eagle/native: not run: an EAGLE draft cannot declare sliding-window layers that vLLM "
     "loads (vLLM's LlamaForCausalLMEagle reads layer_types[target_layers + i] and asserts it "
@@ -819,10 +827,7 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     c0 = report["draft_context"]
     windows = {"nospec": None, "off": None, "w1x": c0, "w2x": 2 * c0, "native": None}
-    # the native route's sliding window: W - K for W = the training context, the smallest
-    # vLLM sliding window that keeps every key our window reads (kv_spec.draft_sliding_window;
-    # not imported: the vLLM integration needs vLLM, --our-loop-only runs without it)
-    native_sw = c0 - args.num_speculative_tokens
+    native_sw = native_sliding_window(c0, args.num_speculative_tokens)
     need = max(batches)
     for c in contexts:
         if len(prompts[str(c)]) < min(need, args.repeats):

@@ -321,8 +321,9 @@ def test_native_draft_declares_every_layer_sliding_and_links_the_weights(tmp_pat
 
 
 def test_native_sliding_window_is_the_kv_spec_window():
-    import bench_engine as be  # noqa: F401  (the arithmetic below is bench_engine's)
+    import bench_engine as be
 
     from dspark_compile.integrations.vllm import kv_spec
 
-    assert kv_spec.draft_sliding_window(512, 5) == 512 - 5
+    for window, k in ((512, 5), (64, 3), (2048, 3), (7, 6)):
+        assert be.native_sliding_window(window, k) == kv_spec.draft_sliding_window(window, k)
