@@ -178,6 +178,44 @@ def test_install_wraps_the_runner_once():
         wrapped.__wrapped__ = original
 
 
+def test_v2_runner_keeps_vllms_layer_order():
+    """The V2 runner reads each draft layer's own group: no reordering there."""
+    out = kv_memory.bound_draft_kv_specs(config(), specs(), set(DRAFT), draft_first=False)
+    assert list(out) == TARGET + DRAFT
+    assert all(type(out[n]) is SlidingWindowSpec and out[n].sliding_window == 253 for n in DRAFT)
+    assert all(type(out[n]) is FullAttentionSpec for n in TARGET)
+
+
+def test_install_wraps_the_v2_runner_too():
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert kv_memory.install()
+    assert kv_memory.install()  # idempotent
+    for runner_class in (GPUModelRunner, V2ModelRunner):
+        wrapped = runner_class.get_kv_cache_spec
+        assert getattr(wrapped, kv_memory._MARK)
+        assert not getattr(wrapped.__wrapped__, kv_memory._MARK, False)  # wrapped once
+    runner = SimpleNamespace(speculator=SimpleNamespace(draft_attn_layer_names=set(DRAFT)))
+    assert kv_memory.draft_layer_names(runner) == set(DRAFT)
+    assert kv_memory.draft_layer_names(SimpleNamespace()) is None
+
+
+def test_wrapped_v2_spec_is_bounded_in_vllm_order():
+    class FakeRunner:
+        def __init__(self):
+            self.vllm_config = config()
+            self.speculator = SimpleNamespace(draft_attn_layer_names=set(DRAFT))
+
+        def get_kv_cache_spec(self):
+            return specs()
+
+    kv_memory._wrap(FakeRunner, draft_first=False)
+    out = FakeRunner().get_kv_cache_spec()
+    assert list(out) == TARGET + DRAFT
+    assert type(out[DRAFT[0]]) is SlidingWindowSpec
+
+
 def test_pass_warns_when_the_spec_hook_never_ran(caplog):
     from dspark_compile import validation
     from dspark_compile.config import DraftWindowConfig
@@ -191,7 +229,7 @@ def test_pass_warns_when_the_spec_hook_never_ran(caplog):
         with caplog.at_level(logging.WARNING, logger=inductor_pass.logger.name):
             inductor_pass._warn_if_kv_spec_hook_missed(config)
         assert "NOT bounded" in caplog.text and "did not run" in caplog.text
-        assert "VLLM_USE_V2_MODEL_RUNNER=0" in caplog.text
+        assert "V1 and V2" in caplog.text
         caplog.clear()
         kv_memory.LAST_DECISION.update(bounded=True)
         validation._WARNED.discard((inductor_pass.logger.name, "kv_spec_hook_missed"))

@@ -299,8 +299,8 @@ def _check_backend(name: str, layer: Any) -> None:
 
 def _warn_if_kv_spec_hook_missed(config: DraftWindowConfig) -> None:
     """The draft's KV-cache spec is decided before compilation (``kv_memory``); when
-    that hook never ran in this process (a model runner other than vLLM's v1
-    ``GPUModelRunner``, e.g. the V2 runner), say that the memory is not bounded."""
+    that hook never ran in this process (a model runner other than vLLM's V1 and V2
+    GPU runners), say that the memory is not bounded."""
     from dspark_compile.integrations.vllm import kv_memory
 
     if kv_memory.LAST_DECISION:
@@ -310,9 +310,8 @@ def _warn_if_kv_spec_hook_missed(config: DraftWindowConfig) -> None:
         "kv_spec_hook_missed",
         f"dspark draft window (draft_window_size={config.draft_window_size}): the draft's KV "
         "memory is NOT bounded by the window: the KV-cache spec hook "
-        "(kv_memory, on GPUModelRunner.get_kv_cache_spec) did not run in this process "
-        "(another model runner: vLLM's V2 runner, the default for eagle/eagle3/dflash "
-        "drafts on vLLM 0.26 GPUs, is not covered; VLLM_USE_V2_MODEL_RUNNER=0 selects V1); "
+        "(kv_memory, on the V1 and V2 GPU model runners' get_kv_cache_spec) did not run "
+        "in this process (a model runner it does not cover); "
         "vLLM keeps the draft's full KV cache (the output is unaffected)",
     )
 

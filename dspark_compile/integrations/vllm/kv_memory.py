@@ -3,15 +3,16 @@
 **When vLLM decides.** ``EngineCore._initialize_kv_caches``
 (``vllm/v1/engine/core.py``) takes the KV-cache specs
 (``model_executor.get_kv_cache_specs()`` -> worker -> model runner
-``GPUModelRunner.get_kv_cache_spec``, which the CPU runner inherits) right
+``get_kv_cache_spec``: V1's ``GPUModelRunner``, which the CPU runner inherits,
+or the V2 runner of ``vllm/v1/worker/gpu/model_runner.py``) right
 after the model and the drafter are loaded and BEFORE it profiles
 (``determine_available_memory``: the profile run, where ``torch.compile`` and
 our Inductor pass run). The pass is therefore too late: the spec is decided
 here, in the runner's ``get_kv_cache_spec``, from the runner's ``VllmConfig``
 (``additional_config["draft_window_size"]`` / ``["draft_sink_size"]``, the
 speculative config's method and K) and the drafter's own list of its
-attention layers (``SpecDecodeBaseProposer._draft_attn_layer_names``, set in
-its ``load_model``).
+attention layers (V1: ``SpecDecodeBaseProposer._draft_attn_layer_names``; V2:
+the speculator's ``draft_attn_layer_names``; both set in ``load_model``).
 
 **What.** Each draft attention layer's ``FullAttentionSpec`` becomes a
 ``SlidingWindowSpec`` with ``sliding_window = W - K`` (``kv_spec.py``: the
@@ -21,7 +22,7 @@ then puts the draft's layers in their own group, keeps per request only the
 blocks that window can still read (``SlidingWindowManager``), and reports the
 larger capacity ("KV cache size: N tokens", ``kv_cache_config``).
 
-**The draft's group goes first.** vLLM gives every proposer that is not an
+**The draft's group goes first (V1 runner).** vLLM's V1 runner gives every proposer that is not an
 ``EagleProposer`` / ``DFlashProposer`` / ``Gemma4Proposer`` /
 ``ExtractHiddenStatesProposer`` -- ``DraftModelProposer`` among them -- the
 block table and slot mapping of KV-cache group 0
@@ -31,7 +32,9 @@ draft outside group 0 would overwrite the target's KV cache. The draft's
 layers are therefore returned FIRST, so that ``_get_kv_cache_groups_uniform_page_size``
 (groups by first appearance) makes the draft's sliding-window group group 0,
 the layout of Gemma-style models whose first layer is sliding; the target's
-layers keep their own group and metadata.
+layers keep their own group and metadata. The V2 runner builds every draft
+layer's metadata from its own group's block table, so there the layers keep
+vLLM's order (the layout of a draft whose config declares sliding layers).
 
 **Where it cannot.** Nothing is changed, with a warning saying that the draft's
 KV memory is not bounded, when: attention sinks are on (``draft_sink_size`` >
@@ -94,20 +97,28 @@ def _max_in_flight_tokens(vllm_config: Any) -> Optional[int]:
 
 
 def draft_layer_names(runner: Any) -> Optional[set[str]]:
-    """The drafter's attention layers (vLLM's own list), or None when unknown."""
-    drafter = getattr(runner, "drafter", None)
-    names = getattr(drafter, "_draft_attn_layer_names", None)
+    """The drafter's attention layers (vLLM's own list), or None when unknown: the V1
+    runner's ``drafter._draft_attn_layer_names``, the V2 runner's
+    ``speculator.draft_attn_layer_names`` (both set when the drafter loads, before
+    ``get_kv_cache_spec``)."""
+    names = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None)
+    if names is None:
+        names = getattr(getattr(runner, "speculator", None), "draft_attn_layer_names", None)
     if names is None:
         return None
     return set(names)
 
 
 def bound_draft_kv_specs(
-    vllm_config: Any, specs: dict[str, Any], draft_layers: Optional[set[str]]
+    vllm_config: Any,
+    specs: dict[str, Any],
+    draft_layers: Optional[set[str]],
+    draft_first: bool = True,
 ) -> dict[str, Any]:
     """``specs`` with the draft layers' full-attention specs made sliding-window
-    (``W - K``) and the draft's layers first; ``specs`` unchanged (with a warning)
-    where the window cannot bound the draft's memory (module doc)."""
+    (``W - K``), the draft's layers first when ``draft_first`` (the V1 runner, module
+    doc) else in ``specs``' order; ``specs`` unchanged (with a warning) where the window
+    cannot bound the draft's memory (module doc)."""
     config = resolve_window_config(vllm_config)
     if not config.enabled:
         return specs
@@ -192,7 +203,7 @@ def bound_draft_kv_specs(
         LAST_DECISION.update(bounded=False, reason="no saving at this max_model_len")
         return specs
     names = {f.name for f in dataclasses.fields(SlidingWindowSpec)}
-    out: dict[str, Any] = {}
+    sliding: dict[str, Any] = {}
     for name in present:
         full = specs[name]
         kwargs = {
@@ -201,8 +212,12 @@ def bound_draft_kv_specs(
             if f.name in names and f.init
         }
         kwargs["sliding_window"] = window
-        out[name] = SlidingWindowSpec(**kwargs)
-    out.update((name, spec) for name, spec in specs.items() if name not in draft_layers)
+        sliding[name] = SlidingWindowSpec(**kwargs)
+    if draft_first:
+        out = dict(sliding)
+        out.update((name, spec) for name, spec in specs.items() if name not in draft_layers)
+    else:
+        out = {name: sliding.get(name, spec) for name, spec in specs.items()}
     logger.info(
         "dspark draft window: draft KV memory bounded: %d draft layers get vLLM "
         "SlidingWindowSpec(sliding_window=%d = W - K, block_size=%d)",
@@ -215,22 +230,41 @@ def bound_draft_kv_specs(
     return out
 
 
+def _wrap(runner_class: Any, draft_first: bool) -> None:
+    """Wrap ``runner_class.get_kv_cache_spec`` with :func:`bound_draft_kv_specs` (once)."""
+    original = runner_class.get_kv_cache_spec
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def get_kv_cache_spec(self):  # noqa: ANN001
+        return bound_draft_kv_specs(
+            self.vllm_config, original(self), draft_layer_names(self), draft_first
+        )
+
+    setattr(get_kv_cache_spec, _MARK, True)
+    runner_class.get_kv_cache_spec = get_kv_cache_spec
+
+
 def install() -> bool:
-    """Wrap ``GPUModelRunner.get_kv_cache_spec`` (idempotent); False when this vLLM has
-    no such runner (then the window bounds no memory, and says so at spec time)."""
+    """Wrap the model runners' ``get_kv_cache_spec`` (idempotent): vLLM's V1
+    ``GPUModelRunner`` (the CPU runner inherits it), draft layers first (module doc),
+    and, where this vLLM has it, the V2 runner (``vllm/v1/worker/gpu/model_runner.py``,
+    the default on GPUs for most methods), in vLLM's own layer order: V2 builds every
+    draft layer's metadata from its own KV-cache group's block table
+    (``spec_decode/speculator.py``, ``set_attn`` / ``_build_draft_attn_metadata``).
+    False when this vLLM has no V1 GPU runner (then the window bounds no memory, and
+    the pass says so)."""
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except Exception as error:  # noqa: BLE001  (a platform without the v1 GPU runner)
         logger.debug("dspark: no GPUModelRunner (%s): draft KV memory hook not installed", error)
         return False
-    original = GPUModelRunner.get_kv_cache_spec
-    if getattr(original, _MARK, False):
-        return True
-
-    @functools.wraps(original)
-    def get_kv_cache_spec(self):  # noqa: ANN001
-        return bound_draft_kv_specs(self.vllm_config, original(self), draft_layer_names(self))
-
-    setattr(get_kv_cache_spec, _MARK, True)
-    GPUModelRunner.get_kv_cache_spec = get_kv_cache_spec
+    _wrap(GPUModelRunner, draft_first=True)
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
+    except Exception as error:  # noqa: BLE001  (no V2 runner in this vLLM)
+        logger.debug("dspark: no V2 model runner (%s): hooked V1 only", error)
+    else:
+        _wrap(V2ModelRunner, draft_first=False)
     return True
