@@ -508,3 +508,33 @@ def test_native_sliding_window_is_the_kv_spec_window():
 
     for window, k in ((512, 5), (64, 3), (2048, 3), (7, 6)):
         assert be.native_sliding_window(window, k) == kv_spec.draft_sliding_window(window, k)
+
+
+def test_eagle3_family_runs_the_v1_runner_and_the_pairs_eagle3_checkpoint(tmp_path):
+    import bench_engine as be
+
+    assert "eagle3" in be.FAMILIES and be.FAMILY_DRAFTS["eagle3"] == ("eagle3", "eagle3")
+    assert be.worker_env({"model_runner": "v1"}) == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert be.worker_env({"model_runner": None}) == {}
+    spec = {
+        "target": "T",
+        "draft": "E3",
+        "method": "eagle3",
+        "setting": "w1x",
+        "window": 64,
+        "num_speculative_tokens": 5,
+        "dtype": "float32",
+        "max_model_len": 1120,
+        "max_num_seqs": 4,
+    }
+    assert be.engine_kwargs(spec)["speculative_config"]["method"] == "eagle3"
+    # native: the draft's one layer declared sliding-window (vLLM indexes EAGLE3
+    # layer_types draft-relative), aux ids untouched
+    src = tmp_path / "eagle3"
+    src.mkdir()
+    (src / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 1, "eagle_aux_hidden_state_layer_ids": [1, 2]})
+    )
+    config = json.loads((be.native_draft(src, tmp_path / "n", 59) / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] and config["sliding_window"] == 59
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2]
