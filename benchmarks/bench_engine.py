@@ -504,6 +504,34 @@ def engine_kwargs(spec: dict) -> dict:
     return kwargs
 
 
+#: substrings of a draft's path from which vLLM picks the speculative method itself, even
+#: over ``method="draft_model"`` (vllm/config/speculative.py, SpeculativeConfig, 0.32/0.33)
+METHOD_FROM_PATH = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def method_from_path(path: str) -> Optional[str]:
+    """The substring of ``path`` (lower-cased) that makes vLLM switch a ``draft_model``
+    draft to another method, or None."""
+    low = str(path).lower()
+    return next((m for m in METHOD_FROM_PATH if m in low), None)
+
+
+def neutral_draft_path(spec: dict) -> Optional[str]:
+    """For a ``draft_model`` draft whose path vLLM would read as another method (e.g. a
+    checkout named ``wt-eagle3``): a symlink to it under a fresh temp dir, else None."""
+    if spec.get("method") != "draft_model" or not method_from_path(spec["draft"]):
+        return None
+    import tempfile
+
+    for _ in range(10):
+        root = tempfile.mkdtemp(prefix="spec-draft-")
+        if not method_from_path(root):
+            link = Path(root) / "draft"
+            link.symlink_to(Path(spec["draft"]).resolve(), target_is_directory=True)
+            return str(link)
+    raise RuntimeError(f"no neutral temp path for the draft {spec['draft']}")
+
+
 def worker_env(spec: dict) -> dict:
     """Environment an engine of ``spec`` needs before vLLM is imported: the V1 model
     runner (``VLLM_USE_V2_MODEL_RUNNER=0``) where ``spec["model_runner"] == "v1"``."""
@@ -515,6 +543,13 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec = json.loads(spec_path.read_text())
     os.environ.update(worker_env(spec))
+    linked = neutral_draft_path(spec)
+    if linked:
+        log(
+            f"draft path {spec['draft']} contains {method_from_path(spec['draft'])!r}, "
+            f"which vLLM reads as a method: using the link {linked}"
+        )
+        spec["draft"] = linked
     from vllm import LLM, SamplingParams
 
     started = time.time()
@@ -545,6 +580,7 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
         "kv_cache_tokens": kv_tokens,
         "kv_cache_groups": groups,
         "model_runner": spec.get("model_runner") or "default",
+        "draft_path": spec.get("draft"),
     }
 
     def write(cells, done):

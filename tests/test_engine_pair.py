@@ -538,3 +538,18 @@ def test_eagle3_family_runs_the_v1_runner_and_the_pairs_eagle3_checkpoint(tmp_pa
     config = json.loads((be.native_draft(src, tmp_path / "n", 59) / "config.json").read_text())
     assert config["layer_types"] == ["sliding_attention"] and config["sliding_window"] == 59
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+
+
+def test_a_draft_model_path_vllm_would_read_as_eagle3_is_linked_neutrally(tmp_path):
+    import bench_engine as be
+
+    src = tmp_path / "wt-eagle3" / "draft"
+    src.mkdir(parents=True)
+    assert be.method_from_path(str(src)) == "eagle3"
+    assert be.method_from_path("/pair/eagle") is None
+    linked = be.neutral_draft_path({"method": "draft_model", "draft": str(src)})
+    assert linked and be.method_from_path(linked) is None
+    assert Path(linked).resolve() == src.resolve()
+    # other methods name their draft themselves; neutral paths stay
+    assert be.neutral_draft_path({"method": "eagle3", "draft": str(src)}) is None
+    assert be.neutral_draft_path({"method": "draft_model", "draft": "/pair/draft"}) is None
