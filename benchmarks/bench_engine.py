@@ -1,7 +1,12 @@
 """End-to-end vLLM benchmark of the draft window on a trained pair (issue 31, item 2).
 
 ``python benchmarks/bench_engine.py --pair DIR --out RESULT.json`` with ``DIR`` written by
-``benchmarks/train_engine_pair.py`` (``target``, ``draft``, ``eagle``, ``prompts.json``).
+``benchmarks/train_engine_pair.py`` (``target``, ``draft``, ``eagle``, ``eagle3``,
+``prompts.json``). Families: ``draft_model`` (``DIR/draft``), ``eagle`` (EAGLE-1,
+``DIR/eagle``), ``eagle3`` (``DIR/eagle3``, method ``eagle3``; its engines run vLLM's V1
+model runner, ``VLLM_USE_V2_MODEL_RUNNER=0``, since vLLM 0.26 runs EAGLE drafts on its V2
+runner by default and the KV-memory bound hooks the V1 runner; recorded as
+``model_runner``).
 
 One ``vllm.LLM`` per (family, setting), configured as the README tells users (the pass
 by qualname, ``"splitting_ops": []``, ``additional_config={"draft_window_size": W}``),
@@ -13,7 +18,8 @@ draft, no window), ``w1x`` (W = the draft's training context), ``w2x`` (W = 2x),
 ``native`` (no window of ours: the draft's own ``config.json`` declares its layers
 sliding-window, ``sliding_window = W - K`` for W = the training context, the route of
 ``benchmarks/repro_native_swa_draft.py``; its greedy cells show whether the target's
-output survives; `draft_model` only: an EAGLE draft has no such config vLLM loads).
+output survives; `draft_model` and `eagle3`, whose one layer vLLM indexes draft-relative;
+not `eagle`: an EAGLE-1 draft has no such config vLLM loads).
 
 Per cell: output tokens/s (all requests' output tokens / wall time of ``generate``),
 per-request decode tokens/s (vLLM's ``request_decode_time_seconds``), mean acceptance
@@ -24,8 +30,8 @@ mean and standard deviation over ``--repeats`` runs. Batch 1: repeat r runs prom
 batch B: prompts 0..B-1 every repeat. Greedy cells check losslessness: the first
 repeat's tokens against ``nospec``'s.
 
-``--families draft_model`` / ``--families eagle`` split the sweep (the second call can
-reuse the first call's ``nospec`` cells with ``--baseline FIRST.json``);
+``--families draft_model`` / ``--families eagle`` / ``--families eagle3`` split the sweep
+(later calls can reuse the first call's ``nospec`` cells with ``--baseline FIRST.json``);
 ``--max-seconds`` stops cleanly (no new engine or cell past it; results so far written).
 ``--our-loop`` also runs the project's own loop (``dspark_compile.speculative``) on
 the same weights and prompts (greedy, batch 1) and reports its tau beside vLLM's.
@@ -51,7 +57,16 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 SETTINGS = ("nospec", "off", "w1x", "w2x", "native")
-FAMILIES = ("draft_model", "eagle")
+FAMILIES = ("draft_model", "eagle", "eagle3")
+#: family -> (the pair's checkpoint directory, vLLM speculative method)
+FAMILY_DRAFTS = {
+    "draft_model": ("draft", "draft_model"),
+    "eagle": ("eagle", "eagle"),
+    "eagle3": ("eagle3", "eagle3"),
+}
+#: families whose engines run vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)
+V1_RUNNER_FAMILIES = ("eagle3",)
+OUR_LOOP_FAMILIES = ("draft_model", "eagle")
 SPEC_PREFIX = "vllm:spec_decode"
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
@@ -415,7 +430,9 @@ def plot(result: dict, path: Path) -> None:
 def native_draft(src: Path, dst: Path, sliding_window: int) -> Path:
     """``src``'s checkpoint with every layer declared sliding-window in ``config.json``
     (weights linked, not copied): the user's do-it-yourself route for a ``draft_model``
-    draft. Not for EAGLE (``LlamaForCausalLMEagle``): vLLM indexes its ``layer_types`` by
+    or ``eagle3`` draft (vLLM's EAGLE3 Llama indexes ``layer_types`` draft-relative, by
+    ``target_layer_count``, as ``benchmarks/kv_capacity.py``'s ``eagle3_swa`` does). Not
+    for EAGLE-1 (``LlamaForCausalLMEagle``): vLLM indexes its ``layer_types`` by
     the absolute layer (target layers + i; no ``target_layer_count``) while transformers
     requires ``len(layer_types) == num_hidden_layers``, so no such config loads
     (``NATIVE_EAGLE_NOTE``)."""
@@ -487,10 +504,52 @@ def engine_kwargs(spec: dict) -> dict:
     return kwargs
 
 
+#: substrings of a draft's path from which vLLM picks the speculative method itself, even
+#: over ``method="draft_model"`` (vllm/config/speculative.py, SpeculativeConfig, 0.32/0.33)
+METHOD_FROM_PATH = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def method_from_path(path: str) -> Optional[str]:
+    """The substring of ``path`` (lower-cased) that makes vLLM switch a ``draft_model``
+    draft to another method, or None."""
+    low = str(path).lower()
+    return next((m for m in METHOD_FROM_PATH if m in low), None)
+
+
+def neutral_draft_path(spec: dict) -> Optional[str]:
+    """For a ``draft_model`` draft whose path vLLM would read as another method (e.g. a
+    checkout named ``wt-eagle3``): a symlink to it under a fresh temp dir, else None."""
+    if spec.get("method") != "draft_model" or not method_from_path(spec["draft"]):
+        return None
+    import tempfile
+
+    for _ in range(10):
+        root = tempfile.mkdtemp(prefix="spec-draft-")
+        if not method_from_path(root):
+            link = Path(root) / "draft"
+            link.symlink_to(Path(spec["draft"]).resolve(), target_is_directory=True)
+            return str(link)
+    raise RuntimeError(f"no neutral temp path for the draft {spec['draft']}")
+
+
+def worker_env(spec: dict) -> dict:
+    """Environment an engine of ``spec`` needs before vLLM is imported: the V1 model
+    runner (``VLLM_USE_V2_MODEL_RUNNER=0``) where ``spec["model_runner"] == "v1"``."""
+    return {"VLLM_USE_V2_MODEL_RUNNER": "0"} if spec.get("model_runner") == "v1" else {}
+
+
 def run_worker(spec_path: Path, out_path: Path) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec = json.loads(spec_path.read_text())
+    os.environ.update(worker_env(spec))
+    linked = neutral_draft_path(spec)
+    if linked:
+        log(
+            f"draft path {spec['draft']} contains {method_from_path(spec['draft'])!r}, "
+            f"which vLLM reads as a method: using the link {linked}"
+        )
+        spec["draft"] = linked
     from vllm import LLM, SamplingParams
 
     started = time.time()
@@ -520,6 +579,8 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
         "init_s": init_s,
         "kv_cache_tokens": kv_tokens,
         "kv_cache_groups": groups,
+        "model_runner": spec.get("model_runner") or "default",
+        "draft_path": spec.get("draft"),
     }
 
     def write(cells, done):
@@ -594,6 +655,7 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
                         "batch": batch,
                         "temperature": temperature,
                         "repeat": repeat,
+                        "model_runner": engine["model_runner"],
                         "wall_s": wall,
                         "output_tokens": n_out,
                         "tokens_per_s": n_out / wall,
@@ -722,6 +784,7 @@ def _child(
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p),
+        **worker_env(spec),
     )
     log_path = workdir / f"{name}.log"
     t0 = time.time()
@@ -759,7 +822,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", type=Path, help="directory written by train_engine_pair.py")
     parser.add_argument("--out", type=Path, help="result JSON (markdown/PNG beside it)")
-    parser.add_argument("--families", default="draft_model,eagle")
+    parser.add_argument("--families", default="draft_model,eagle,eagle3")
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--contexts", default=None, help="default: the pair's contexts")
     parser.add_argument("--batches", default="1,32")
@@ -895,7 +958,7 @@ def main(argv=None) -> int:
             log(msg)
             result["notes"].append(msg)
             continue
-        draft = pair / ("eagle" if family == "eagle" else "draft")
+        draft = pair / FAMILY_DRAFTS.get(family, ("draft", "draft_model"))[0]
         if setting == "native" and family == "eagle":
             log(NATIVE_EAGLE_NOTE)
             result["notes"].append(NATIVE_EAGLE_NOTE)
@@ -909,7 +972,8 @@ def main(argv=None) -> int:
             "sliding_window": native_sw if setting == "native" else None,
             "target": str(pair / "target"),
             "draft": str(draft),
-            "method": "eagle" if family == "eagle" else "draft_model",
+            "method": FAMILY_DRAFTS.get(family, ("draft", "draft_model"))[1],
+            "model_runner": "v1" if family in V1_RUNNER_FAMILIES else None,
             "num_speculative_tokens": args.num_speculative_tokens,
             "dtype": args.dtype,
             "block_size": args.block_size,
@@ -946,13 +1010,19 @@ def main(argv=None) -> int:
                     f"{family}/{setting}: stopped early ({got['engine']['cells']} cells)"
                 )
         save()
+    if args.our_loop and any(f not in OUR_LOOP_FAMILIES for f in families):
+        result["notes"].append(
+            "our loop: not run for "
+            + ", ".join(f for f in families if f not in OUR_LOOP_FAMILIES)
+            + " (dspark_compile.speculative's loop runs draft_model and eagle drafts only)"
+        )
     if args.our_loop:
         remaining = deadline - time.time()
         if remaining > 30:
             loop_spec = {
                 "device": args.our_loop_device or ("cuda" if "cpu" not in _device() else "cpu"),
                 "pair": str(pair),
-                "families": families,
+                "families": [f for f in families if f in OUR_LOOP_FAMILIES],
                 "settings": [(s, windows[s]) for s in settings if s not in ("nospec", "native")],
                 "contexts": contexts,
                 "prompts": {str(c): prompts[str(c)] for c in contexts},

@@ -10,18 +10,25 @@
 - ``DIR/eagle``: an EAGLE draft in vLLM's ``EagleLlamaForCausalLM`` layout
   (method ``eagle``; ``fc`` + ``layers.*``, embedding and ``lm_head`` shared from the
   target), trained on the target's hidden states;
+- ``DIR/eagle3``: an EAGLE3 draft in vLLM's ``Eagle3LlamaForCausalLM`` layout (method
+  ``eagle3``; ``fc`` over the target's aux hidden states, ``midlayer.*``, ``norm``, own
+  ``lm_head``; embedding shared from the target), trained on those aux states with an
+  unrolled second step (``dspark_compile.speculative.eagle3``), trained last;
 - ``DIR/prompts.json``: held-out prompts (token ids = bytes) per context, the same
   for vLLM (``benchmarks/bench_engine.py``) and our loop;
 - ``DIR/train_report.json``: losses, held-out loss per context, seeds, durations,
   git commit, versions.
 
-Both drafts are trained at ``draft_context``, >= 16x shorter than the longest
+The drafts are trained at ``draft_context``, >= 16x shorter than the longest
 evaluated context; their ``config.json`` names it (``dspark_training_context``) and
 sets ``max_position_embeddings`` to the target's (see
 ``dspark_compile.speculative.hf_export`` for why). Fixed seeds; the corpus's
 held-out split (``dspark_compile.speculative.corpus``). ``--time-budget`` (seconds of
 training in all) is split over the phases by ``BUDGET_SHARES``; a phase that runs
 out stops early and says so (``steps_done < steps`` in the report).
+``--eagle3-only`` trains and exports only ``DIR/eagle3`` against an existing
+``DIR/target`` (the other checkpoints untouched; ``train_report.json`` gains its
+entries): how the committed CI pair got its EAGLE3 draft.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from dspark_compile.speculative import hf_export  # noqa: E402
+from dspark_compile.speculative import eagle3 as eagle3_lib, hf_export  # noqa: E402
 from dspark_compile.speculative.corpus import load_corpus, random_windows  # noqa: E402
 from dspark_compile.speculative.lm import LMConfig, TransformerLM  # noqa: E402
 from dspark_compile.speculative.scales import H200_TARGET, eagle_config  # noqa: E402
@@ -63,6 +70,9 @@ class PairScale:
     draft_train: TrainSpec
     eagle: LMConfig
     eagle_train: TrainSpec
+    eagle3: LMConfig
+    eagle3_train: TrainSpec
+    eagle3_aux_layer_ids: tuple[int, ...]
     contexts: tuple[int, ...]  # evaluated prompt lengths
     max_model_len: int  # >= max(contexts) + new tokens + K
     prompts_per_context: int
@@ -101,6 +111,9 @@ SCALES = {
         draft_train=TrainSpec(steps=250, batch=32, context=64, lr=3e-3, warmup=20, seed=1),
         eagle=eagle_config(_TINY_TARGET, 256),
         eagle_train=TrainSpec(steps=100, batch=16, context=64, lr=3e-3, warmup=10, seed=2),
+        eagle3=dataclasses.replace(eagle_config(_TINY_TARGET, 256), feature_size=0),
+        eagle3_train=TrainSpec(steps=200, batch=16, context=64, lr=3e-3, warmup=10, seed=4),
+        eagle3_aux_layer_ids=(1, 2),
         contexts=(64, 1024),
         max_model_len=1120,
         prompts_per_context=4,
@@ -123,12 +136,21 @@ SCALES = {
         draft_train=TrainSpec(steps=1500, batch=64, context=512, lr=2e-3, warmup=100, seed=1),
         eagle=eagle_config(H200_TARGET, 1536),
         eagle_train=TrainSpec(steps=1500, batch=32, context=512, lr=1e-3, warmup=100, seed=2),
+        eagle3=dataclasses.replace(eagle_config(H200_TARGET, 1536), feature_size=0),
+        eagle3_train=TrainSpec(steps=1500, batch=32, context=512, lr=1e-3, warmup=100, seed=4),
+        eagle3_aux_layer_ids=eagle3_lib.default_aux_layer_ids(H200_TARGET.num_layers),
         contexts=(512, 1024, 2048, 4096, 8192),
         max_model_len=8192 + 512,
         prompts_per_context=32,
     ),
 }
-BUDGET_SHARES = {"target_short": 0.25, "target_long": 0.35, "draft_model": 0.15, "eagle": 0.25}
+BUDGET_SHARES = {
+    "target_short": 0.22,
+    "target_long": 0.32,
+    "draft_model": 0.13,
+    "eagle": 0.17,
+    "eagle3": 0.16,
+}
 PROMPT_SEED = 7
 
 
@@ -171,6 +193,77 @@ def held_out_prompts(data: torch.Tensor, contexts, per_context: int, seed: int =
     }
 
 
+def train_eagle3_phase(scale: PairScale, target, corpus, device, budget_s, progress):
+    """The EAGLE3 draft of ``scale`` (init seed 4) trained on the frozen ``target``'s
+    aux states -> ``(draft, training record)``."""
+    eagle3 = eagle3_lib.Eagle3Draft(
+        scale.eagle3, scale.eagle3_aux_layer_ids, scale.target.hidden_size, seed=4
+    ).to(device)
+    eagle3_lib.tie_eagle3_to_target(eagle3, target)
+    record = eagle3_lib.train_eagle3(
+        eagle3,
+        target,
+        corpus.train,
+        scale.eagle3_train,
+        progress=progress,
+        time_budget_s=budget_s,
+    )
+    return eagle3.requires_grad_(False), record
+
+
+def eval_batch(context: int) -> int:
+    return max(1, min(8, 16384 // context))
+
+
+def add_eagle3(args, scale: PairScale, device, corpus, budget, progress) -> int:
+    """``--eagle3-only``: train and export ``DIR/eagle3`` against the existing
+    ``DIR/target`` (the other checkpoints untouched) and add its entries to
+    ``DIR/train_report.json``."""
+    out = args.out
+    report_path = out / "train_report.json"
+    if not (out / "target" / "model.safetensors").exists() or not report_path.exists():
+        raise SystemExit(f"--eagle3-only: {out} has no target/ or train_report.json")
+    report = json.loads(report_path.read_text())
+    if report["scale"]["name"] != scale.name:
+        raise SystemExit(
+            f"--scale {scale.name}: {out} was trained at scale {report['scale']['name']!r}"
+        )
+    started = time.time()
+    target = hf_export.load_llama(out / "target").to(device)
+    eagle3, record = train_eagle3_phase(
+        scale, target, corpus, device, budget["eagle3"], progress("eagle3")
+    )
+    heldout = report["heldout_nats_per_byte"]
+    heldout["eagle3"], heldout["eagle3_step2"] = {}, {}
+    for c in sorted({*scale.contexts, scale.target_context}):
+        e3 = eagle3_lib.eval_eagle3(
+            eagle3, target, corpus.eval, c, scale.eval_batches, eval_batch(c)
+        )
+        heldout["eagle3"][str(c)], heldout["eagle3_step2"][str(c)] = e3["step1"], e3["step2"]
+        log(f"held-out CE at {c}: eagle3 {e3['step1']:.3f} (step 2: {e3['step2']:.3f})")
+    eagle3_lib.export_eagle3(
+        eagle3.cpu(),
+        out / "eagle3",
+        max_position_embeddings=scale.max_model_len,
+        training_context=scale.draft_context,
+        extra={"dspark_scale": scale.name},
+    )
+    report["training"]["eagle3"] = record
+    report["seeds"]["eagle3 init"] = 4
+    report["seeds"]["batches"]["eagle3_train"] = scale.eagle3_train.seed
+    report["scale"] = dataclasses.asdict(scale)
+    report["eagle3_added"] = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "git_commit": git_commit(),
+        "versions": versions(),
+        "seconds": time.time() - started,
+    }
+    report_path.write_text(json.dumps(report, indent=1) + "\n")
+    log(f"wrote {out}/eagle3 and updated {report_path} in {time.time() - started:.0f} s")
+    return 0
+
+
 def log(msg: str) -> None:
     print(f"[train_engine_pair {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -187,6 +280,11 @@ def main(argv=None) -> int:
         help="seconds of training in all (split over the phases)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--eagle3-only",
+        action="store_true",
+        help="train and export only DIR/eagle3, against the existing DIR/target",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -216,6 +314,8 @@ def main(argv=None) -> int:
 
         return report
 
+    if args.eagle3_only:
+        return add_eagle3(args, scale, device, corpus, budget, progress)
     record: dict = {}
     target = TransformerLM(scale.target, seed=0).to(device)
     record["target_short"] = train_lm(
@@ -253,22 +353,30 @@ def main(argv=None) -> int:
         time_budget_s=budget["eagle"],
     )
     eagle.requires_grad_(False)
+    # last, so the three models above are the same as without it (its init forks the
+    # RNG; its batches have their own generator)
+    eagle3, record["eagle3"] = train_eagle3_phase(
+        scale, target, corpus, device, budget["eagle3"], progress("eagle3")
+    )
     train_s = time.time() - started
 
     # Held-out next-byte loss at every evaluated context (and the target's training one):
     # the target must be sane over the whole range; the drafts degrade past their length.
     eval_contexts = sorted({*scale.contexts, scale.target_context})
-    heldout: dict = {"target": {}, "draft_model": {}, "eagle": {}}
+    heldout: dict = {m: {} for m in ("target", "draft_model", "eagle", "eagle3", "eagle3_step2")}
     for c in eval_contexts:
-        batch = max(1, min(8, 16384 // c))
+        batch = eval_batch(c)
         heldout["target"][c] = eval_loss(target, corpus.eval, c, scale.eval_batches, batch)
         heldout["draft_model"][c] = eval_loss(draft, corpus.eval, c, scale.eval_batches, batch)
         heldout["eagle"][c] = eval_loss(
             eagle, corpus.eval, c, scale.eval_batches, batch, target=target
         )
+        e3 = eagle3_lib.eval_eagle3(eagle3, target, corpus.eval, c, scale.eval_batches, batch)
+        heldout["eagle3"][c], heldout["eagle3_step2"][c] = e3["step1"], e3["step2"]
         log(
             f"held-out CE at {c}: target {heldout['target'][c]:.3f}, draft_model "
-            f"{heldout['draft_model'][c]:.3f}, eagle {heldout['eagle'][c]:.3f} nats/byte"
+            f"{heldout['draft_model'][c]:.3f}, eagle {heldout['eagle'][c]:.3f}, eagle3 "
+            f"{e3['step1']:.3f} (step 2: {e3['step2']:.3f}) nats/byte"
         )
 
     out = args.out
@@ -292,6 +400,13 @@ def main(argv=None) -> int:
     hf_export.export_eagle(
         eagle.cpu(),
         out / "eagle",
+        max_position_embeddings=mpe,
+        training_context=scale.draft_context,
+        extra=meta,
+    )
+    eagle3_lib.export_eagle3(
+        eagle3.cpu(),
+        out / "eagle3",
         max_position_embeddings=mpe,
         training_context=scale.draft_context,
         extra=meta,
@@ -323,9 +438,16 @@ def main(argv=None) -> int:
             "target init": 0,
             "draft init": 1,
             "eagle init": 2,
+            "eagle3 init": 4,
             "batches": {
                 k: getattr(scale, k).seed
-                for k in ("target_short", "target_long", "draft_train", "eagle_train")
+                for k in (
+                    "target_short",
+                    "target_long",
+                    "draft_train",
+                    "eagle_train",
+                    "eagle3_train",
+                )
             },
             "prompts": PROMPT_SEED,
             "eval windows": 1234,
@@ -341,7 +463,7 @@ def main(argv=None) -> int:
     }
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
     log(
-        f"wrote {out}/target, draft, eagle, prompts.json, train_report.json in "
+        f"wrote {out}/target, draft, eagle, eagle3, prompts.json, train_report.json in "
         f"{time.time() - started:.0f} s"
     )
     return 0

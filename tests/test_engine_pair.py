@@ -122,6 +122,187 @@ def test_vllm_eagle_lm_refuses_a_feature_size_other_than_hidden():
         )
 
 
+def _eagle3_pair(aux=(1,)):
+    from dspark_compile.speculative import eagle3
+
+    target = _perturbed(TransformerLM(CFG, seed=0)).eval()
+    cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1})
+    draft = _perturbed(eagle3.Eagle3Draft(cfg, aux, CFG.hidden_size, seed=2))
+    eagle3.tie_eagle3_to_target(draft, target)
+    with torch.no_grad():  # an lm_head of its own (the tie starts it from the target's)
+        draft.lm_head.weight.add_(
+            0.05
+            * torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(9))
+        )
+    return target, draft.eval()
+
+
+def _vllm_eagle3_reference(state, config, embed, tokens, hidden, start=0):
+    """vLLM's Eagle3 Llama written out from the checkpoint tensors (llama_eagle3.py):
+    cat[input_layernorm(embed), hidden_norm(h)] -> attention -> + h -> MLP; lm_head(norm)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    eps, theta = config["rms_norm_eps"], config["rope_theta"]
+    heads, kv, d = (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+    )
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    m = "midlayer."
+    s = tokens.shape[1]
+    x = torch.cat(
+        [
+            rms(embed[tokens], state[m + "input_layernorm.weight"]),
+            rms(hidden, state[m + "hidden_norm.weight"]),
+        ],
+        dim=-1,
+    )
+    q = (x @ state[m + "self_attn.q_proj.weight"].T).view(1, s, heads, d).transpose(1, 2)
+    k = (x @ state[m + "self_attn.k_proj.weight"].T).view(1, s, kv, d).transpose(1, 2)
+    v = (x @ state[m + "self_attn.v_proj.weight"].T).view(1, s, kv, d).transpose(1, 2)
+    pos = torch.arange(start, start + s, dtype=torch.float32)
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = torch.cat([pos[:, None] * inv, pos[:, None] * inv], dim=-1)[None]
+    q, k = apply_rotary_pos_emb(q, k, ang.cos(), ang.sin())
+    k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+    scores = (q @ k.transpose(-1, -2)) * d**-0.5
+    scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+    attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, s, heads * d)
+    r = attn @ state[m + "self_attn.o_proj.weight"].T + hidden
+    y = rms(r, state[m + "post_attention_layernorm.weight"])
+    g, u = y @ state[m + "mlp.gate_proj.weight"].T, y @ state[m + "mlp.up_proj.weight"].T
+    pre = r + (torch.nn.functional.silu(g) * u) @ state[m + "mlp.down_proj.weight"].T
+    return rms(pre, state["norm.weight"]) @ state["lm_head.weight"].T, pre
+
+
+@needs_transformers
+@needs_safetensors
+def test_eagle3_export_is_vllms_layout_and_round_trips(tmp_path):
+    from safetensors.torch import load_file
+
+    from dspark_compile.speculative import eagle3
+
+    target, draft = _eagle3_pair(aux=(1,))
+    eagle3.export_eagle3(draft, tmp_path / "e3", max_position_embeddings=512, training_context=64)
+    config = json.loads((tmp_path / "e3" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["num_hidden_layers"] == 1
+    assert config["draft_vocab_size"] == config["vocab_size"] == 256
+    assert config["target_hidden_size"] == CFG.hidden_size
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1]
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1]}
+    assert config[hf_export.TRAINING_CONTEXT_KEY] == 64
+    assert config["max_position_embeddings"] == 512
+    state = load_file(str(tmp_path / "e3" / "model.safetensors"))
+    assert sorted(state) == sorted(
+        ["fc.weight", "norm.weight", "lm_head.weight"]
+        + [
+            "midlayer." + n + ".weight"
+            for n in (
+                "hidden_norm",
+                "input_layernorm",
+                "post_attention_layernorm",
+                *(f"self_attn.{p}_proj" for p in "qkvo"),
+                *(f"mlp.{p}_proj" for p in ("gate", "up", "down")),
+            )
+        ]
+    )
+    assert state["fc.weight"].shape == (CFG.hidden_size, CFG.hidden_size)
+    assert state["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * CFG.hidden_size
+    tokens = torch.randint(0, 256, (1, 90), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        aux = eagle3.target_aux(target, tokens, (1,))
+        # aux id 1: the input of target layer 1 = the output of layer 0
+        expected_aux = target.layers[0].forward_dense(target.embed(tokens))
+        torch.testing.assert_close(aux, expected_aux, atol=0, rtol=0)
+        hidden = draft.combine(aux)
+        ours, pre = draft.forward_dense(tokens, hidden)
+        theirs, their_pre = _vllm_eagle3_reference(
+            state, config, target.embed.weight, tokens, hidden
+        )
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pre, their_pre, atol=1e-5, rtol=1e-5)
+        reloaded = eagle3.load_eagle3(tmp_path / "e3", target)
+        torch.testing.assert_close(
+            reloaded.forward_dense(tokens, reloaded.combine(aux))[0], ours, atol=0, rtol=0
+        )
+
+
+def test_eagle3_unrolled_step_is_vllms_second_draft_step():
+    """Step 2 at slot j (position j + 1) = one more causal position after step 1's slots
+    0..j, fed the draft's own pre-norm hidden: what vLLM's second draft step computes."""
+    from dspark_compile.speculative import eagle3
+
+    target, draft = _eagle3_pair(aux=(1,))
+    gen = torch.Generator().manual_seed(7)
+    seq = 20
+    tokens = torch.randint(0, 256, (2, seq), generator=gen)
+    nxt = torch.randint(0, 256, (2, seq), generator=gen)
+    with torch.no_grad():
+        aux = eagle3.target_aux(target, tokens, (1,))
+        logits1, logits2 = draft.forward_unrolled(tokens, aux, nxt)
+        hidden = draft.combine(aux)
+        ref1, pre1 = draft.forward_dense(tokens, hidden)
+        torch.testing.assert_close(logits1, ref1, atol=1e-5, rtol=1e-5)
+        for j in (0, 5, seq - 1):
+            toks = torch.cat([tokens[:, : j + 1], nxt[:, j : j + 1]], dim=1)
+            hid = torch.cat([hidden[:, : j + 1], pre1[:, j : j + 1]], dim=1)
+            last = draft.forward_dense(toks, hid)[0][:, -1]
+            torch.testing.assert_close(logits2[:, j], last, atol=1e-5, rtol=1e-5)
+
+
+def test_eagle3_training_lowers_both_steps_losses():
+    from dspark_compile.speculative import eagle3
+    from dspark_compile.speculative.training import TrainSpec
+
+    target, draft = _eagle3_pair(aux=(1,))
+    target.requires_grad_(False)
+    data = torch.tensor(list(b"abcabcabd" * 400), dtype=torch.uint8)
+    before = eagle3.eval_eagle3(draft, target, data, 32, batches=1, batch=4)
+    embed = draft.embed.weight.clone()
+    record = eagle3.train_eagle3(
+        draft, target, data, TrainSpec(steps=30, batch=8, context=32, lr=3e-3, warmup=3)
+    )
+    after = eagle3.eval_eagle3(draft, target, data, 32, batches=1, batch=4)
+    assert record["steps_done"] == 30 and record["unroll"] == 2
+    assert after["step1"] < before["step1"] - 1 and after["step2"] < before["step2"] - 1
+    assert torch.equal(draft.embed.weight, embed)  # the target's, frozen
+
+
+def test_eagle3_bad_input_names_the_argument():
+    from dspark_compile.speculative import eagle3
+
+    cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1})
+    with pytest.raises(ValueError, match=r"aux_layer_ids=\[0, 1\] is invalid: expected"):
+        eagle3.Eagle3Draft(cfg, [0, 1], 64)
+    with pytest.raises(ValueError, match=r"aux_layer_ids=\[2, 1\]"):
+        eagle3.Eagle3Draft(cfg, [2, 1], 64)
+    with pytest.raises(ValueError, match="num_layers=2 is invalid"):
+        eagle3.Eagle3Draft(CFG, [1], 64)
+    with pytest.raises(ValueError, match="target_hidden_size=0 is invalid"):
+        eagle3.Eagle3Draft(cfg, [1], 0)
+    with pytest.raises(ValueError, match=r"for a 2-layer target: expected ids < 2"):
+        eagle3.tie_eagle3_to_target(eagle3.Eagle3Draft(cfg, [1, 2], 64), TransformerLM(CFG))
+    with pytest.raises(ValueError, match="target_hidden_size=32 are invalid"):
+        eagle3.tie_eagle3_to_target(eagle3.Eagle3Draft(cfg, [1], 32), TransformerLM(CFG))
+    with pytest.raises(ValueError, match="unroll=3 is invalid: expected 1 or 2"):
+        eagle3.train_eagle3(
+            eagle3.Eagle3Draft(cfg, [1], 64),
+            TransformerLM(CFG),
+            torch.zeros(100, dtype=torch.uint8),
+            eagle3.TrainSpec(steps=1, batch=1, context=8),
+            unroll=3,
+        )
+    with pytest.raises(ValueError, match="expected an Eagle3Draft"):
+        eagle3.eagle3_state_dict(TransformerLM(CFG))
+    assert eagle3.default_aux_layer_ids(8) == (2, 4, 5)
+    assert eagle3.default_aux_layer_ids(3) == (1, 2)
+
+
 # ---------------------------------------------------------------- bench_engine pure parts
 class _Counter:
     def __init__(self, name, value):
@@ -327,3 +508,48 @@ def test_native_sliding_window_is_the_kv_spec_window():
 
     for window, k in ((512, 5), (64, 3), (2048, 3), (7, 6)):
         assert be.native_sliding_window(window, k) == kv_spec.draft_sliding_window(window, k)
+
+
+def test_eagle3_family_runs_the_v1_runner_and_the_pairs_eagle3_checkpoint(tmp_path):
+    import bench_engine as be
+
+    assert "eagle3" in be.FAMILIES and be.FAMILY_DRAFTS["eagle3"] == ("eagle3", "eagle3")
+    assert be.worker_env({"model_runner": "v1"}) == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert be.worker_env({"model_runner": None}) == {}
+    spec = {
+        "target": "T",
+        "draft": "E3",
+        "method": "eagle3",
+        "setting": "w1x",
+        "window": 64,
+        "num_speculative_tokens": 5,
+        "dtype": "float32",
+        "max_model_len": 1120,
+        "max_num_seqs": 4,
+    }
+    assert be.engine_kwargs(spec)["speculative_config"]["method"] == "eagle3"
+    # native: the draft's one layer declared sliding-window (vLLM indexes EAGLE3
+    # layer_types draft-relative), aux ids untouched
+    src = tmp_path / "eagle3"
+    src.mkdir()
+    (src / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 1, "eagle_aux_hidden_state_layer_ids": [1, 2]})
+    )
+    config = json.loads((be.native_draft(src, tmp_path / "n", 59) / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] and config["sliding_window"] == 59
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+
+
+def test_a_draft_model_path_vllm_would_read_as_eagle3_is_linked_neutrally(tmp_path):
+    import bench_engine as be
+
+    src = tmp_path / "wt-eagle3" / "draft"
+    src.mkdir(parents=True)
+    assert be.method_from_path(str(src)) == "eagle3"
+    assert be.method_from_path("/pair/eagle") is None
+    linked = be.neutral_draft_path({"method": "draft_model", "draft": str(src)})
+    assert linked and be.method_from_path(linked) is None
+    assert Path(linked).resolve() == src.resolve()
+    # other methods name their draft themselves; neutral paths stay
+    assert be.neutral_draft_path({"method": "eagle3", "draft": str(src)}) is None
+    assert be.neutral_draft_path({"method": "draft_model", "draft": "/pair/draft"}) is None
