@@ -44,7 +44,6 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from bench_engine import (  # noqa: E402
-    FAMILIES,
     _device,
     engine_kwargs,
     native_draft,
@@ -400,7 +399,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--family", default="draft_model", choices=FAMILIES)
+    parser.add_argument("--family", default="draft_model", choices=("draft_model", "eagle"))
     parser.add_argument("--settings", default="nospec,off,w1x")
     parser.add_argument("--contexts", default=None, help="greedy contexts (default: the pair's)")
     parser.add_argument("--prompts", type=int, default=3, help="prompts per context")
