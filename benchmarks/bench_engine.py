@@ -777,8 +777,16 @@ def _device() -> str:
 
 
 def _child(
-    mode: str, spec: dict, workdir: Path, name: str, timeout: float
+    mode: str,
+    spec: dict,
+    workdir: Path,
+    name: str,
+    timeout: float,
+    script: Optional[Path] = None,
 ) -> Optional[dict | list]:
+    """Run ``script`` (default: this file) as ``script mode spec.json out.json`` in its own
+    process group, its output in ``workdir/name.log``; stop it after ``timeout`` s. Returns
+    the JSON it wrote, or None (its log's tail printed when it failed)."""
     spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
     env = dict(
@@ -790,7 +798,13 @@ def _child(
     t0 = time.time()
     with open(log_path, "w") as f:
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), mode, str(spec_path), str(out_path)],
+            [
+                sys.executable,
+                str(Path(script or __file__).resolve()),
+                mode,
+                str(spec_path),
+                str(out_path),
+            ],
             stdout=f,
             stderr=subprocess.STDOUT,
             env=env,

@@ -33,7 +33,6 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from bench_engine import (  # noqa: E402
+    _child,
     _device,
     engine_kwargs,
     native_draft,
@@ -261,36 +261,6 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
     out_path.write_text(json.dumps(result))
 
 
-def _child(spec: dict, workdir: Path, name: str, timeout: float) -> Optional[dict]:
-    spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    log_path = workdir / f"{name}.log"
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])),
-    )
-    with open(log_path, "w") as f:
-        try:
-            rc = subprocess.run(
-                [sys.executable, __file__, "--worker", str(spec_path), str(out_path)],
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env=env,
-                timeout=max(timeout, 1),
-            ).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    log(f"{name}: exit {rc} (log {log_path})")
-    if rc != 0:
-        print(log_path.read_text()[-3000:], flush=True)
-    if out_path.exists():
-        try:
-            return json.loads(out_path.read_text())
-        except json.JSONDecodeError:
-            return None
-    return None
-
-
 # ---------------------------------------------------------------- report
 def analyse(engines: dict) -> dict:
     """Per setting: the profile summary and, against ``nospec``, the flips."""
@@ -482,7 +452,7 @@ def main(argv=None) -> int:
             "table_path": str(out / f"{setting}.profile.txt"),
         }
         log(f"engine {setting} (window {windows[setting]}), {share:.0f} s")
-        got = _child(spec, out, setting, share)
+        got = _child("--worker", spec, out, setting, share, script=Path(__file__))
         if got:
             engines[setting] = got
         analysis = analyse(engines)

@@ -33,9 +33,7 @@ starts from the target's).
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -47,11 +45,15 @@ from dspark_compile.models.layers import RMSNorm, apply_rope
 from dspark_compile.speculative.corpus import random_windows
 from dspark_compile.speculative.hf_export import (
     TRAINING_CONTEXT_KEY,
+    block_state,
+    config_of,
     llama_config,
+    load_block,
+    read_checkpoint,
     save_checkpoint,
 )
 from dspark_compile.speculative.lm import LMConfig, TransformerLM
-from dspark_compile.speculative.training import TrainSpec, _autocast, _lr_at
+from dspark_compile.speculative.training import TrainSpec, _autocast, optimize
 
 logger = logging.getLogger(__name__)
 
@@ -278,55 +280,26 @@ def train_eagle3(
     _check_unroll(unroll)
     if spec.context < 4:
         raise ValueError(f"context={spec.context} is invalid: expected >= 4 for EAGLE3 training")
-    device = next(draft.parameters()).device
-    draft.train()
     target.eval()
-    params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay
+
+    def batch_loss(windows):
+        loss, ce1, ce2 = _losses(draft, target, windows, unroll)
+        return loss, (ce1,) if ce2 is None else (ce1, ce2)
+
+    record = optimize(
+        draft,
+        data,
+        spec,
+        batch_loss,
+        progress=progress,
+        time_budget_s=time_budget_s,
+        what="EAGLE3 training",
     )
-    generator = torch.Generator().manual_seed(spec.seed)
-    start = time.perf_counter()
-    losses: list[float] = []
-    losses2: list[float] = []
-    step = 0
-    for step in range(spec.steps):
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            logger.warning(
-                "EAGLE3 training stopped by its time budget (%.0f s) after %d of %d steps",
-                time_budget_s,
-                step,
-                spec.steps,
-            )
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, spec)
-        windows = random_windows(data, spec.batch, spec.context, generator).to(device)
-        with _autocast(device):
-            loss, ce1, ce2 = _losses(draft, target, windows, unroll)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        if step % 25 == 0 or step == spec.steps - 1:
-            losses.append(float(ce1.detach()))
-            if ce2 is not None:
-                losses2.append(float(ce2.detach()))
-            if progress is not None:
-                progress(step + 1, spec.steps, losses[-1])
-    else:
-        step = spec.steps
-    draft.eval()
-    return {
-        "steps": spec.steps,
-        "steps_done": step,
-        "batch": spec.batch,
-        "context": spec.context,
-        "unroll": unroll,
-        "seconds": time.perf_counter() - start,
-        "train_ce_every_25_steps": losses,
-        "train_step2_ce_every_25_steps": losses2,
-    }
+    history = record.pop("history")
+    record["unroll"] = unroll
+    record["train_ce_every_25_steps"] = history[0] if history else []
+    record["train_step2_ce_every_25_steps"] = history[1] if len(history) > 1 else []
+    return record
 
 
 @torch.no_grad()
@@ -391,21 +364,12 @@ def eagle3_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
     no ``embed_tokens``, no ``d2t``)."""
     if not isinstance(draft, Eagle3Draft):
         raise ValueError(f"draft={type(draft).__name__} is invalid: expected an Eagle3Draft")
-    q, k, v = draft.qkv.weight.split([draft.q_size, draft.kv_size, draft.kv_size], dim=0)
-    gate, up = draft.gate_up.weight.chunk(2, dim=0)
     m = "midlayer."
     out = {
         "fc.weight": draft.fc.weight,
         m + "hidden_norm.weight": draft.hidden_norm.weight,
         m + "input_layernorm.weight": draft.input_norm.weight,
-        m + "self_attn.q_proj.weight": q,
-        m + "self_attn.k_proj.weight": k,
-        m + "self_attn.v_proj.weight": v,
-        m + "self_attn.o_proj.weight": draft.o_proj.weight,
-        m + "post_attention_layernorm.weight": draft.mlp_norm.weight,
-        m + "mlp.gate_proj.weight": gate,
-        m + "mlp.up_proj.weight": up,
-        m + "mlp.down_proj.weight": draft.down.weight,
+        **block_state(draft, m),
         "norm.weight": draft.norm.weight,
         "lm_head.weight": draft.lm_head.weight,
     }
@@ -438,10 +402,7 @@ def export_eagle3(
 def load_eagle3(path: Path, target: TransformerLM) -> Eagle3Draft:
     """The draft :func:`export_eagle3` wrote (eval, frozen), with ``target``'s
     embedding (as vLLM shares it)."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config = json.loads((path / "config.json").read_text())
+    config, state = read_checkpoint(path)
     if config.get("architectures") != [ARCHITECTURE]:
         raise ValueError(
             f"{path}: architectures={config.get('architectures')!r} is invalid: "
@@ -452,35 +413,16 @@ def load_eagle3(path: Path, target: TransformerLM) -> Eagle3Draft:
             f"{path}: draft_vocab_size={config['draft_vocab_size']} is invalid: expected "
             f"vocab_size={config['vocab_size']} (no d2t mapping)"
         )
-    cfg = LMConfig(
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=config["num_attention_heads"],
-        num_kv_heads=config["num_key_value_heads"],
-        head_dim=config["head_dim"],
-        intermediate_size=config["intermediate_size"],
-        rope_theta=float(config.get("rope_theta", 10000.0)),
-        eps=float(config["rms_norm_eps"]),
-    )
+    cfg = config_of(config)
     draft = Eagle3Draft(
         cfg, config["eagle_aux_hidden_state_layer_ids"], config["target_hidden_size"]
     )
     tie_eagle3_to_target(draft, target)
-    state = load_file(str(path / "model.safetensors"))
     m = "midlayer."
     draft.fc.weight.copy_(state["fc.weight"])
     draft.hidden_norm.weight.copy_(state[m + "hidden_norm.weight"])
     draft.input_norm.weight.copy_(state[m + "input_layernorm.weight"])
-    draft.qkv.weight.copy_(
-        torch.cat([state[m + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
-    )
-    draft.o_proj.weight.copy_(state[m + "self_attn.o_proj.weight"])
-    draft.mlp_norm.weight.copy_(state[m + "post_attention_layernorm.weight"])
-    draft.gate_up.weight.copy_(
-        torch.cat([state[m + "mlp.gate_proj.weight"], state[m + "mlp.up_proj.weight"]], dim=0)
-    )
-    draft.down.weight.copy_(state[m + "mlp.down_proj.weight"])
+    load_block(draft, state, m)
     draft.norm.weight.copy_(state["norm.weight"])
     draft.lm_head.weight.copy_(state["lm_head.weight"])
     return draft.eval().requires_grad_(False)

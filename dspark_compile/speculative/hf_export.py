@@ -106,26 +106,32 @@ def llama_config(
     return config
 
 
+def block_state(block, prefix: str) -> dict[str, torch.Tensor]:
+    """HF Llama names (under ``prefix``) of a block's attention and MLP weights: any module
+    with ``qkv``, ``o_proj``, ``mlp_norm``, ``gate_up``, ``down``, ``q_size``, ``kv_size``
+    (a :class:`TransformerLM` layer, the EAGLE3 midlayer). Input norms are the caller's."""
+    q, k, v = block.qkv.weight.split([block.q_size, block.kv_size, block.kv_size], dim=0)
+    gate, up = block.gate_up.weight.chunk(2, dim=0)
+    p = prefix
+    return {
+        p + "self_attn.q_proj.weight": q,
+        p + "self_attn.k_proj.weight": k,
+        p + "self_attn.v_proj.weight": v,
+        p + "self_attn.o_proj.weight": block.o_proj.weight,
+        p + "post_attention_layernorm.weight": block.mlp_norm.weight,
+        p + "mlp.gate_proj.weight": gate,
+        p + "mlp.up_proj.weight": up,
+        p + "mlp.down_proj.weight": block.down.weight,
+    }
+
+
 def _layer_state(model: TransformerLM, prefix: str, skip_input_norm: bool) -> dict:
     out = {}
     for i, layer in enumerate(model.layers):
         p = f"{prefix}layers.{i}."
-        q, k, v = layer.qkv.weight.split([layer.q_size, layer.kv_size, layer.kv_size], dim=0)
-        gate, up = layer.gate_up.weight.chunk(2, dim=0)
         if not (skip_input_norm and i == 0):
             out[p + "input_layernorm.weight"] = layer.attn_norm.weight
-        out.update(
-            {
-                p + "self_attn.q_proj.weight": q,
-                p + "self_attn.k_proj.weight": k,
-                p + "self_attn.v_proj.weight": v,
-                p + "self_attn.o_proj.weight": layer.o_proj.weight,
-                p + "post_attention_layernorm.weight": layer.mlp_norm.weight,
-                p + "mlp.gate_proj.weight": gate,
-                p + "mlp.up_proj.weight": up,
-                p + "mlp.down_proj.weight": layer.down.weight,
-            }
-        )
+        out.update(block_state(layer, p))
     return out
 
 
@@ -205,7 +211,8 @@ def export_eagle(
     )
 
 
-def _config_of(config: dict, feature_size: int = 0) -> LMConfig:
+def config_of(config: dict, feature_size: int = 0) -> LMConfig:
+    """The :class:`LMConfig` of a Llama ``config.json`` dict."""
     return LMConfig(
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
@@ -220,7 +227,7 @@ def _config_of(config: dict, feature_size: int = 0) -> LMConfig:
     )
 
 
-def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -229,27 +236,33 @@ def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     )
 
 
+def load_block(block, state: dict[str, torch.Tensor], prefix: str) -> None:
+    """Copy the tensors :func:`block_state` names from ``state`` into ``block``."""
+    p = prefix
+    block.qkv.weight.copy_(
+        torch.cat([state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
+    )
+    block.o_proj.weight.copy_(state[p + "self_attn.o_proj.weight"])
+    block.mlp_norm.weight.copy_(state[p + "post_attention_layernorm.weight"])
+    block.gate_up.weight.copy_(
+        torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]], dim=0)
+    )
+    block.down.weight.copy_(state[p + "mlp.down_proj.weight"])
+
+
 def _load_layers(model: TransformerLM, state: dict, prefix: str, skip_input_norm: bool) -> None:
     for i, layer in enumerate(model.layers):
         p = f"{prefix}layers.{i}."
-        layer.qkv.weight.copy_(
-            torch.cat([state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
-        )
-        layer.o_proj.weight.copy_(state[p + "self_attn.o_proj.weight"])
         if not (skip_input_norm and i == 0):
             layer.attn_norm.weight.copy_(state[p + "input_layernorm.weight"])
-        layer.mlp_norm.weight.copy_(state[p + "post_attention_layernorm.weight"])
-        layer.gate_up.weight.copy_(
-            torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]], dim=0)
-        )
-        layer.down.weight.copy_(state[p + "mlp.down_proj.weight"])
+        load_block(layer, state, p)
 
 
 @torch.no_grad()
 def load_llama(path: Path) -> TransformerLM:
     """A ``TransformerLM`` (eval, frozen) from a checkpoint :func:`export_llama` wrote."""
-    config, state = _read(path)
-    model = TransformerLM(_config_of(config))
+    config, state = read_checkpoint(path)
+    model = TransformerLM(config_of(config))
     model.embed.weight.copy_(state["model.embed_tokens.weight"])
     _load_layers(model, state, "model.", skip_input_norm=False)
     model.norm.weight.copy_(state["model.norm.weight"])
@@ -261,8 +274,8 @@ def load_llama(path: Path) -> TransformerLM:
 def load_eagle(path: Path, target: TransformerLM) -> TransformerLM:
     """The EAGLE draft of :func:`export_eagle` with ``target``'s embedding and ``lm_head``
     (as vLLM shares them)."""
-    config, state = _read(path)
-    model = vllm_eagle_lm(_config_of(config, feature_size=config["hidden_size"]))
+    config, state = read_checkpoint(path)
+    model = vllm_eagle_lm(config_of(config, feature_size=config["hidden_size"]))
     model.feature_proj.weight.copy_(state["fc.weight"])
     _load_layers(model, state, "", skip_input_norm=True)
     model.embed.weight.copy_(target.embed.weight)

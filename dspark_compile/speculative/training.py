@@ -26,6 +26,7 @@ from dspark_compile.speculative.lm import TransformerLM, shift_features
 logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, float], None]
+BatchLossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, tuple[torch.Tensor, ...]]"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,70 @@ def tie_eagle_to_target(draft: TransformerLM, target: TransformerLM) -> None:
     draft.lm_head.weight.requires_grad_(False)
 
 
+def optimize(
+    model: torch.nn.Module,
+    data: torch.Tensor,
+    spec: TrainSpec,
+    batch_loss: BatchLossFn,
+    *,
+    progress: Optional[ProgressFn] = None,
+    time_budget_s: Optional[float] = None,
+    what: str = "training",
+) -> dict:
+    """``spec.steps`` AdamW steps on ``model``'s trainable parameters (the schedule of
+    :func:`_lr_at`, gradients clipped to norm 1), each on ``spec.batch`` random windows of
+    ``spec.context + 1`` bytes of ``data`` (seeded by ``spec.seed``). ``batch_loss(windows)``
+    returns ``(loss, (ce, *more))``; every 25 steps each entry of the tuple is recorded
+    (``history[i]``) and ``progress(step, steps, ce)`` called. Stops early only when
+    ``time_budget_s`` runs out (logged; ``steps_done < steps``)."""
+    device = next(model.parameters()).device
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay
+    )
+    generator = torch.Generator().manual_seed(spec.seed)
+    start = time.perf_counter()
+    history: list[list[float]] = []
+    step = 0
+    for step in range(spec.steps):
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            logger.warning(
+                "%s stopped by its time budget (%.0f s) after %d of %d steps",
+                what,
+                time_budget_s,
+                step,
+                spec.steps,
+            )
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, spec)
+        windows = random_windows(data, spec.batch, spec.context, generator).to(device)
+        with _autocast(device):
+            loss, ces = batch_loss(windows)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        if step % 25 == 0 or step == spec.steps - 1:
+            history.extend([] for _ in range(len(ces) - len(history)))
+            for record, ce in zip(history, ces):
+                record.append(float(ce.detach()))
+            if progress is not None:
+                progress(step + 1, spec.steps, history[0][-1])
+    else:
+        step = spec.steps
+    model.eval()
+    return {
+        "steps": spec.steps,
+        "steps_done": step,
+        "batch": spec.batch,
+        "context": spec.context,
+        "seconds": time.perf_counter() - start,
+        "history": history,
+    }
+
+
 def train_lm(
     model: TransformerLM,
     data: torch.Tensor,
@@ -105,51 +170,17 @@ def train_lm(
     given: EAGLE-style training on its hidden states (``target`` is frozen).
     Stops early only when ``time_budget_s`` runs out (logged, and recorded as
     ``steps_done < steps``). Returns the training record."""
-    device = next(model.parameters()).device
-    model.train()
     if target is not None:
         target.eval()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay
-    )
-    generator = torch.Generator().manual_seed(spec.seed)
-    start = time.perf_counter()
-    losses: list[float] = []
-    step = 0
-    for step in range(spec.steps):
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            logger.warning(
-                "training stopped by its time budget (%.0f s) after %d of %d steps",
-                time_budget_s,
-                step,
-                spec.steps,
-            )
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, spec)
-        batch = random_windows(data, spec.batch, spec.context, generator).to(device)
-        with _autocast(device):
-            loss, ce = _losses(model, batch, target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        if step % 25 == 0 or step == spec.steps - 1:
-            losses.append(float(ce.detach()))
-            if progress is not None:
-                progress(step + 1, spec.steps, losses[-1])
-    else:
-        step = spec.steps
-    model.eval()
-    return {
-        "steps": spec.steps,
-        "steps_done": step,
-        "batch": spec.batch,
-        "context": spec.context,
-        "seconds": time.perf_counter() - start,
-        "train_ce_every_25_steps": losses,
-    }
+
+    def batch_loss(windows):
+        loss, ce = _losses(model, windows, target)
+        return loss, (ce,)
+
+    record = optimize(model, data, spec, batch_loss, progress=progress, time_budget_s=time_budget_s)
+    history = record.pop("history")
+    record["train_ce_every_25_steps"] = history[0] if history else []
+    return record
 
 
 @torch.no_grad()
