@@ -127,11 +127,13 @@ def test_demo_prints_the_table_and_succeeds(capsys):
                 "2",
                 "--lowering",
                 "aot_eager",
+                "--skip-pair",
             ]
         )
         == 0
     )
     captured = capsys.readouterr()
+    assert "acceptance on a trained pair" not in captured.out
     rows = [line for line in captured.out.splitlines() if line.strip().startswith("80 |")]
     assert len(rows) == 1
     assert rows[0].split("|")[4].strip() == "4"  # 4 layers rewritten
@@ -223,6 +225,7 @@ def test_demo_and_inspect_with_attention_sinks(tmp_path, capsys):
                 "aot_eager",
                 "--draft-sink-size",
                 "16",
+                "--skip-pair",
             ]
         )
         == 0
@@ -292,3 +295,34 @@ def test_backend_name_resolves_without_an_installed_entry_point():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[-2] == "[3.0, 3.0, 3.0]", done.stdout
+
+
+def test_demo_acceptance_part_prints_tau_both_ways(monkeypatch, capsys):
+    """The CLI's table of the pair part (rows from ``run_pair_demo``, tested for real in
+    tests/test_pair_demo.py), its summary line and its exit status."""
+    from dspark_compile.tools import pair_demo
+
+    rows = [
+        pair_demo.PairRow(64, 64, 1.98, 2.18, 60, True),
+        pair_demo.PairRow(1024, 64, 1.63, 2.33, 55, True),
+    ]
+    monkeypatch.setattr(pair_demo, "run_pair_demo", lambda *a, **k: iter(rows))
+    assert cli.run_pair_demo_command(None, "aot_eager") == 0
+    out = capsys.readouterr().out
+    assert "draft_model draft trained at 64 tokens" in out
+    table = [line.split("|") for line in out.splitlines() if line.strip().startswith("1024 |")]
+    assert [c.strip() for c in table[0][:5]] == ["1024", "1.63", "2.33", "64", "True"]
+    assert "at 1024 tokens (16x the draft's training context) tau is 1.63 without" in out
+    rows[1] = pair_demo.PairRow(1024, 64, 1.63, 2.33, 55, False)
+    assert cli.run_pair_demo_command(None, "aot_eager") == 1
+    assert "MISMATCH: the window changed the generated tokens" in capsys.readouterr().out
+
+
+def test_demo_acceptance_part_without_a_pair(monkeypatch, tmp_path, capsys):
+    from dspark_compile.tools import pair_demo
+
+    monkeypatch.setattr(pair_demo, "PAIR_DIR", tmp_path / "absent")
+    assert cli.run_pair_demo_command(None, "aot_eager") == 0
+    assert "acceptance part skipped: no trained pair at" in capsys.readouterr().out
+    with pytest.raises(cli.UsageError, match=r"--pair-dir='.*absent' is invalid: expected a"):
+        cli.run_pair_demo_command(tmp_path / "absent", "aot_eager")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import time
 from pathlib import Path
@@ -91,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--lowering", choices=["inductor", "aot_eager"], default="inductor")
     demo.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    demo.add_argument(
+        "--pair-dir",
+        type=Path,
+        default=None,
+        help="trained draft/target pair whose acceptance the demo measures after the "
+        "compile table (default: the committed tiny pair, tests_engine/data/trained_pair)",
+    )
+    demo.add_argument(
+        "--skip-pair",
+        action="store_true",
+        help="skip the acceptance part (tau with and without the window on the trained pair)",
+    )
     demo.add_argument(
         "--draft",
         choices=["dflash", "dspark"],
@@ -373,7 +386,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
             )
         return run_dspark_demo_command(args)
     sinks = f", S={sink_size} sink tokens" if sink_size else ""
-    return _print_demo_table(
+    status = _print_demo_table(
         title=(
             f"dspark-compile demo: DFlash reference draft (4 layers, GQA 8/2, head_dim 64, "
             f"block 16, q_len 8, non-causal), W={args.window}{sinks}, {args.requests} "
@@ -407,6 +420,70 @@ def run_demo_command(args: argparse.Namespace) -> int:
         ok_message="OK: compiled outputs match the eager references",
         bad_message="MISMATCH: compiled outputs differ from the eager references",
     )
+    if args.skip_pair:
+        return status
+    print()
+    return max(status, run_pair_demo_command(args.pair_dir))
+
+
+def run_pair_demo_command(pair_dir: Optional[Path], lowering: str = "aot_eager") -> int:
+    """The demo's acceptance part (``tools/pair_demo.py``); skipped with a note when the
+    default pair is absent (an installed wheel carries no checkpoints). ``aot_eager``:
+    the window's arithmetic is the same under every lowering, and it compiles fastest."""
+    from dspark_compile.tools.pair_demo import PAIR_DIR, pair_contexts, run_pair_demo
+
+    if pair_dir is None:
+        if not (PAIR_DIR / "prompts.json").exists():
+            print(f"acceptance part skipped: no trained pair at {PAIR_DIR} (use --pair-dir)")
+            return 0
+        pair_dir = PAIR_DIR
+    elif not (pair_dir / "prompts.json").exists():
+        raise UsageError(
+            f"--pair-dir={str(pair_dir)!r} is invalid: expected a directory written by "
+            "benchmarks/train_engine_pair.py (prompts.json, target/, draft/)"
+        )
+    contexts = pair_contexts(pair_dir)
+    config = json.loads((pair_dir / "draft" / "config.json").read_text())
+    trained = config.get("dspark_training_context")
+    rows: list = []
+
+    def collect():
+        for row in run_pair_demo(pair_dir, contexts, lowering=lowering):
+            rows.append(row)
+            yield row
+
+    status = _print_demo_table(
+        title=(
+            f"acceptance on a trained pair ({pair_dir.name}: draft_model draft trained at "
+            f"{trained} tokens), greedy, K=5, 4 held-out prompts x 32 tokens per length, "
+            f"our speculative loop (dspark_compile.speculative), lowering={lowering}"
+        ),
+        columns=[
+            ("prompt tokens", 13, "{:>13}", "context"),
+            ("tau, no window", 14, "{:>14.2f}", "tau_off"),
+            ("tau, window W", 14, "{:>14.2f}", "tau_window"),
+            ("W", 5, "{:>5}", "window"),
+            ("tokens equal", 12, "{!s:>12}", "tokens_equal"),
+        ],
+        rows=collect(),
+        contexts=contexts,
+        row_ok=lambda row: row.tokens_equal,
+        legend=(
+            "tau: mean acceptance length, 1 + accepted draft tokens per round; tokens equal: "
+            "the window changed no generated token (greedy: both are the target's own)"
+        ),
+        ok_message="OK: the window changes no token, only how many draft tokens are accepted",
+        bad_message="MISMATCH: the window changed the generated tokens",
+        step="decoding without and with the window",
+    )
+    if rows and trained:
+        last = rows[-1]
+        print(
+            f"at {last.context} tokens ({last.context / trained:.0f}x the draft's training "
+            f"context) tau is {last.tau_off:.2f} without the window and {last.tau_window:.2f} "
+            f"with W={last.window}"
+        )
+    return status
 
 
 def run_dspark_demo_command(args: argparse.Namespace) -> int:
@@ -447,7 +524,15 @@ def run_dspark_demo_command(args: argparse.Namespace) -> int:
 
 
 def _print_demo_table(
-    title, columns, rows, contexts, row_ok, legend, ok_message, bad_message
+    title,
+    columns,
+    rows,
+    contexts,
+    row_ok,
+    legend,
+    ok_message,
+    bad_message,
+    step="compiling, checking, timing",
 ) -> int:
     """Print one table row per context as the demo yields it; exit status 0 iff all rows pass.
 
@@ -460,7 +545,7 @@ def _print_demo_table(
     ok = True
     progress = TextProgress(len(contexts), "demo")
     for i, context in enumerate(contexts):
-        progress.show(i, f"context {context}: compiling, checking, timing")
+        progress.show(i, f"context {context}: {step}")
         row = next(rows)
         progress.clear()
         cells = " | ".join(fmt.format(getattr(row, attr)) for _, _, fmt, attr in columns)
