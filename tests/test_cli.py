@@ -311,7 +311,8 @@ def test_demo_acceptance_part_prints_tau_both_ways(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "draft_model draft trained at 64 tokens" in out
     table = [line.split("|") for line in out.splitlines() if line.strip().startswith("1024 |")]
-    assert [c.strip() for c in table[0][:5]] == ["1024", "1.63", "2.33", "64", "True"]
+    assert [c.strip() for c in table[0][:4]] == ["1024", "1.63", "2.33", "64"]
+    assert table[0][4].split() == ["True", "[2/2]"]
     assert "at 1024 tokens (16x the draft's training context) tau is 1.63 without" in out
     rows[1] = pair_demo.PairRow(1024, 64, 1.63, 2.33, 55, False)
     assert cli.run_pair_demo_command(None, "aot_eager") == 1
