@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
@@ -442,9 +441,10 @@ def run_pair_demo_command(pair_dir: Optional[Path], lowering: str = "aot_eager")
             f"--pair-dir={str(pair_dir)!r} is invalid: expected a directory written by "
             "benchmarks/train_engine_pair.py (prompts.json, target/, draft/)"
         )
+    from dspark_compile.speculative.hf_export import training_context
+
     contexts = pair_contexts(pair_dir)
-    config = json.loads((pair_dir / "draft" / "config.json").read_text())
-    trained = config.get("dspark_training_context")
+    trained = training_context(pair_dir / "draft")
     rows: list = []
 
     def collect():
