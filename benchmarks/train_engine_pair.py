@@ -39,7 +39,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -155,21 +154,11 @@ PROMPT_SEED = 7
 
 
 def git_commit() -> str:
-    try:
-        root = Path(__file__).resolve().parent.parent
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return commit + ("-dirty" if dirty else "") if commit else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The exact tree measured: HEAD's hash, ``HASH+diff.SHA12`` when tracked files differ
+    from it (``dspark_compile.tools.provenance.git_state``), "unknown" outside git."""
+    from dspark_compile.tools.provenance import git_state
+
+    return git_state(Path(__file__).resolve().parent.parent)["tree"] or "unknown"
 
 
 def versions() -> dict:

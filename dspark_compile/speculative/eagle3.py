@@ -53,7 +53,12 @@ from dspark_compile.speculative.hf_export import (
     save_checkpoint,
 )
 from dspark_compile.speculative.lm import LMConfig, TransformerLM
-from dspark_compile.speculative.training import TrainSpec, _autocast, optimize
+from dspark_compile.speculative.training import (
+    TrainSpec,
+    _autocast,
+    optimize,
+    soft_cross_entropy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -205,10 +210,15 @@ class Eagle3Draft(nn.Module):
 
 
 @torch.no_grad()
-def target_aux(target: TransformerLM, tokens: torch.Tensor, aux_layer_ids: Sequence[int]):
+def target_aux(
+    target: TransformerLM,
+    tokens: torch.Tensor,
+    aux_layer_ids: Sequence[int],
+    with_logits: bool = False,
+):
     """The target's aux hidden states as vLLM's Llama returns them: for each id i
     (ascending) the residual stream entering layer i, concatenated: ``tokens [B, S]``
-    -> ``[B, S, n * H]``."""
+    -> ``[B, S, n * H]``; ``with_logits``: ``(aux, the target's logits [B, S, V] fp32)``."""
     ids = check_aux_layer_ids(aux_layer_ids, target.cfg.num_layers)
     hidden = target._input(tokens, None)
     out = []
@@ -216,7 +226,10 @@ def target_aux(target: TransformerLM, tokens: torch.Tensor, aux_layer_ids: Seque
         if i in ids:
             out.append(hidden)
         hidden = layer.forward_dense(hidden)
-    return torch.cat(out, dim=-1)
+    aux = torch.cat(out, dim=-1)
+    if not with_logits:
+        return aux
+    return aux, target.lm_head(target.norm(hidden)).float()
 
 
 def tie_eagle3_to_target(draft: Eagle3Draft, target: TransformerLM) -> None:
@@ -239,22 +252,39 @@ def tie_eagle3_to_target(draft: Eagle3Draft, target: TransformerLM) -> None:
     draft.lm_head.weight.data.copy_(target.lm_head.weight.data)
 
 
-def _losses(draft: Eagle3Draft, target: TransformerLM, windows: torch.Tensor, unroll: int):
+def _losses(
+    draft: Eagle3Draft,
+    target: TransformerLM,
+    windows: torch.Tensor,
+    unroll: int,
+    distill: bool = False,
+):
     """``windows [B, C + 1]`` -> (loss, step-1 CE, step-2 CE or None). The target reads
     ``x[0..C-1]``; step 1 at slot p (``p < C - 2``) reads ``x[p+1]`` and predicts
-    ``x[p+2]``; step 2 reads ``x[p+2]`` and predicts ``x[p+3]`` (positions < C)."""
+    ``x[p+2]``; step 2 reads ``x[p+2]`` and predicts ``x[p+3]`` (positions < C).
+    ``distill``: the CE is against the target's own next-token distributions at those
+    positions (:func:`soft_cross_entropy`) instead of the window's tokens."""
     context = windows.shape[1] - 1
     seq = context - 2
-    aux = target_aux(target, windows[:, :context], draft.aux_layer_ids)[:, :seq].float()
-    tokens, labels1 = windows[:, 1 : seq + 1], windows[:, 2 : seq + 2]
+    aux, teacher = target_aux(target, windows[:, :context], draft.aux_layer_ids, distill), None
+    if distill:
+        aux, teacher = aux
+    aux = aux[:, :seq].float()
+    tokens = windows[:, 1 : seq + 1]
     vocab = draft.cfg.vocab_size
+
+    def ce(logits, step):  # step s at slot p predicts x[p + s + 1]
+        if teacher is not None:
+            return soft_cross_entropy(logits, teacher[:, step : seq + step])
+        labels = windows[:, step + 1 : seq + step + 1]
+        return F.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
+
     if unroll == 1:
         logits1, _ = draft.forward_dense(tokens, draft.combine(aux))
-        ce1 = F.cross_entropy(logits1.reshape(-1, vocab), labels1.reshape(-1))
+        ce1 = ce(logits1, 1)
         return ce1, ce1, None
     logits1, logits2 = draft.forward_unrolled(tokens, aux, windows[:, 2 : seq + 2])
-    ce1 = F.cross_entropy(logits1.reshape(-1, vocab), labels1.reshape(-1))
-    ce2 = F.cross_entropy(logits2.reshape(-1, vocab), windows[:, 3 : seq + 3].reshape(-1))
+    ce1, ce2 = ce(logits1, 1), ce(logits2, 2)
     return ce1 + STEP2_WEIGHT * ce2, ce1, ce2
 
 
@@ -270,12 +300,14 @@ def train_eagle3(
     spec: TrainSpec,
     *,
     unroll: int = 2,
+    distill: bool = False,
     progress=None,
     time_budget_s: Optional[float] = None,
 ) -> dict:
     """Train ``draft`` in place on ``target``'s aux states of byte windows of ``data``
     (``spec.context`` target positions per window; AdamW, the schedule of
-    :func:`~dspark_compile.speculative.training.train_lm`). Returns the training
+    :func:`~dspark_compile.speculative.training.train_lm`; ``distill``: against the
+    target's next-token distributions, see :func:`_losses`). Returns the training
     record (``steps_done < steps`` when ``time_budget_s`` ran out)."""
     _check_unroll(unroll)
     if spec.context < 4:
@@ -283,7 +315,7 @@ def train_eagle3(
     target.eval()
 
     def batch_loss(windows):
-        loss, ce1, ce2 = _losses(draft, target, windows, unroll)
+        loss, ce1, ce2 = _losses(draft, target, windows, unroll, distill)
         return loss, (ce1,) if ce2 is None else (ce1, ce2)
 
     record = optimize(
@@ -297,6 +329,7 @@ def train_eagle3(
     )
     history = record.pop("history")
     record["unroll"] = unroll
+    record["distill"] = distill
     record["train_ce_every_25_steps"] = history[0] if history else []
     record["train_step2_ce_every_25_steps"] = history[1] if len(history) > 1 else []
     return record
@@ -311,6 +344,7 @@ def eval_eagle3(
     batches: int = 4,
     batch: int = 8,
     seed: int = 1234,
+    distill: bool = False,
 ) -> dict:
     """Held-out next-byte cross entropy (nats/byte) of step 1 (``step1``, comparable
     to the other models' at the same ``context``) and of the unrolled step 2
@@ -321,7 +355,7 @@ def eval_eagle3(
     for _ in range(batches):
         windows = random_windows(data, batch, context, generator).to(device)
         with _autocast(device):
-            _, ce1, ce2 = _losses(draft, target, windows, 2)
+            _, ce1, ce2 = _losses(draft, target, windows, 2, distill)
         total1, total2 = total1 + float(ce1), total2 + float(ce2)
     return {"step1": total1 / batches, "step2": total2 / batches}
 

@@ -61,7 +61,19 @@ def _autocast(device: torch.device):
     return torch.autocast("cpu", enabled=False)
 
 
-def _losses(model: TransformerLM, batch: torch.Tensor, target: Optional[TransformerLM]):
+def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of ``H(softmax(teacher), softmax(logits))`` (nats): distillation on
+    the teacher's next-token distributions (``[..., V]`` both)."""
+    teacher = F.softmax(teacher_logits.float(), dim=-1)
+    return -(teacher * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+
+
+def _losses(
+    model: TransformerLM,
+    batch: torch.Tensor,
+    target: Optional[TransformerLM],
+    teacher: Optional[TransformerLM] = None,
+):
     inputs, labels = batch[:, :-1], batch[:, 1:]
     features = target_features = None
     if target is not None:
@@ -70,7 +82,12 @@ def _losses(model: TransformerLM, batch: torch.Tensor, target: Optional[Transfor
         target_features = target_features.float()
         features = shift_features(target_features)
     logits, hidden = model.forward_dense(inputs, features)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    if teacher is not None:
+        with torch.no_grad():
+            teacher_logits, _ = teacher.forward_dense(inputs)
+        ce = soft_cross_entropy(logits, teacher_logits)
+    else:
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     if target is None:
         return ce, ce
     return ce + F.smooth_l1_loss(hidden.float(), target_features), ce
@@ -163,18 +180,22 @@ def train_lm(
     spec: TrainSpec,
     *,
     target: Optional[TransformerLM] = None,
+    teacher: Optional[TransformerLM] = None,
     progress: Optional[ProgressFn] = None,
     time_budget_s: Optional[float] = None,
 ) -> dict:
-    """Train ``model`` in place on ``data`` (uint8 bytes, on the CPU); ``target``
-    given: EAGLE-style training on its hidden states (``target`` is frozen).
+    """Train ``model`` in place on ``data`` (token ids: uint8 bytes or int64, on the CPU);
+    ``target`` given: EAGLE-style training on its hidden states (``target`` is frozen);
+    ``teacher`` given: the loss is :func:`soft_cross_entropy` against the teacher's
+    next-token distributions instead of the data's next token (distillation).
     Stops early only when ``time_budget_s`` runs out (logged, and recorded as
     ``steps_done < steps``). Returns the training record."""
-    if target is not None:
-        target.eval()
+    for frozen in (target, teacher):
+        if frozen is not None:
+            frozen.eval()
 
     def batch_loss(windows):
-        loss, ce = _losses(model, windows, target)
+        loss, ce = _losses(model, windows, target, teacher)
         return loss, (ce,)
 
     record = optimize(model, data, spec, batch_loss, progress=progress, time_budget_s=time_budget_s)
@@ -192,14 +213,16 @@ def eval_loss(
     batch: int = 8,
     target: Optional[TransformerLM] = None,
     seed: int = 1234,
+    teacher: Optional[TransformerLM] = None,
 ) -> float:
-    """Held-out next-byte cross entropy (nats/byte) on random windows of ``context``."""
+    """Held-out next-token cross entropy (nats/token) on random windows of ``context``
+    (``teacher`` given: against its distributions, as :func:`train_lm` trains)."""
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     total = 0.0
     for _ in range(batches):
         windows = random_windows(data, batch, context, generator).to(device)
         with _autocast(device):
-            _, ce = _losses(model, windows, target)
+            _, ce = _losses(model, windows, target, teacher)
         total += float(ce)
     return total / batches
