@@ -6,6 +6,7 @@ Every results writer (``benchmarks/*.py``) stores ``provenance()`` beside its fi
 from __future__ import annotations
 
 import datetime
+import hashlib
 import platform
 import subprocess
 from pathlib import Path
@@ -27,13 +28,20 @@ def _git(*args: str, root: Path) -> str | None:
 
 
 def git_state(root: Path = CHECKOUT) -> dict:
-    """``{"commit": HEAD's hash, "dirty": whether tracked files differ from it}``; both
-    None when ``root`` is not in a git work tree (or git is missing)."""
+    """``{"commit": HEAD's hash, "dirty": whether tracked files differ from it, "diff":
+    sha256 of ``git diff HEAD`` when dirty (else None), "tree": the commit, or
+    ``COMMIT+diff.SHA12`` when dirty}``: the exact code measured. All None when ``root``
+    is not in a git work tree (or git is missing)."""
     commit = _git("rev-parse", "HEAD", root=root)
     status = _git("status", "--porcelain", "--untracked-files=no", root=root)
     if commit is None or status is None:
-        return {"commit": None, "dirty": None}
-    return {"commit": commit.strip(), "dirty": bool(status.strip())}
+        return {"commit": None, "dirty": None, "diff": None, "tree": None}
+    commit, dirty = commit.strip(), bool(status.strip())
+    diff = None
+    if dirty:
+        diff = hashlib.sha256((_git("diff", "HEAD", root=root) or "").encode()).hexdigest()
+    tree = f"{commit}+diff.{diff[:12]}" if diff else commit
+    return {"commit": commit, "dirty": dirty, "diff": diff, "tree": tree}
 
 
 def provenance(root: Path = CHECKOUT) -> dict:
