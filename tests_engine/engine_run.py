@@ -1,8 +1,9 @@
 """Run one vLLM engine as the README configures it and write a JSON report.
 
 ``python engine_run.py SPEC.json REPORT.json``. SPEC: ``target``, ``method``,
-``draft``, ``num_speculative_tokens``, ``window`` (null: no window), ``sinks``
-(optional ``draft_sink_size``), ``tp``, ``prompt_lens``, ``max_tokens``,
+``draft``, ``num_speculative_tokens`` (``method`` null: no speculation), ``window``
+(null: no window), ``sinks`` (optional ``draft_sink_size``), ``tp``, ``prompt_lens``
+(or ``prompt_token_ids``: the prompts themselves), ``max_tokens``,
 ``max_model_len``, ``device`` (``cpu``/``cuda``), ``dtype``, ``backend`` (the
 attention backend, GPU only), ``graphs`` (GPU: ``full`` = FULL CUDA graphs with
 ``splitting_ops: []``, which vLLM turns into FULL graphs; ``piecewise`` =
@@ -64,13 +65,16 @@ def main(spec_path: str, report_path: str) -> None:
             "splitting_ops": [],
         },
     )
+    if spec["method"] is None:
+        del kwargs["speculative_config"]
     if spec.get("device") == "cuda":
         kwargs.update(
             gpu_memory_utilization=0.12,
             kv_cache_memory_bytes=1 << 30,
             attention_config={"backend": spec["backend"]},
         )
-        kwargs["speculative_config"]["attention_backend"] = spec["backend"]
+        if "speculative_config" in kwargs:
+            kwargs["speculative_config"]["attention_backend"] = spec["backend"]
         if spec.get("graphs") == "piecewise":  # the README's alternative to splitting_ops: []
             kwargs["compilation_config"] = {
                 "inductor_passes": kwargs["compilation_config"]["inductor_passes"],
@@ -87,8 +91,15 @@ def main(spec_path: str, report_path: str) -> None:
     init_s = time.time() - started
     llm.collective_rpc(engine_probe.install)
     outputs = llm.generate(
-        prompts(spec["prompt_lens"]),
-        SamplingParams(temperature=0, max_tokens=spec["max_tokens"], detokenize=False),
+        [{"prompt_token_ids": p} for p in spec["prompt_token_ids"]]
+        if spec.get("prompt_token_ids")
+        else prompts(spec["prompt_lens"]),
+        SamplingParams(
+            temperature=0,
+            max_tokens=spec["max_tokens"],
+            ignore_eos=spec.get("ignore_eos", False),
+            detokenize=False,
+        ),
     )
     metrics = {}
     for metric in llm.get_metrics():
