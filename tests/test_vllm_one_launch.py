@@ -17,6 +17,7 @@ check.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -56,7 +57,7 @@ def _metadata(device: str = "cpu", fake_cuda: bool = False) -> FlashAttentionMet
     seq_lens, table, qsl, slots = (t.to(device) for t in (seq_lens, table, qsl, slots))
     if fake_cuda:
         table = torch.Tensor._make_subclass(_ReportsCuda, table)
-    return FlashAttentionMetadata(
+    given = dict(
         num_actual_tokens=int(qsl[-1]),
         max_query_len=max(Q_LENS),
         query_start_loc=qsl,
@@ -65,6 +66,14 @@ def _metadata(device: str = "cpu", fake_cuda: bool = False) -> FlashAttentionMet
         block_table=table,
         slot_mapping=slots,
     )
+    # fields other vLLM versions require (0.26: cascade attention's): off / none
+    for field in dataclasses.fields(FlashAttentionMetadata):
+        required = field.default is dataclasses.MISSING
+        if required and field.default_factory is dataclasses.MISSING and field.name not in given:
+            given[field.name] = False if field.name.startswith("use_") else None
+    if "common_prefix_len" in given and given["common_prefix_len"] is None:
+        given["common_prefix_len"] = 0
+    return FlashAttentionMetadata(**given)
 
 
 def _expected(metadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,11 +92,13 @@ def _spec() -> WindowSpec:
     return WindowSpec(WINDOW, 0, BLOCK)
 
 
-def _route(metadata, device: str = "cpu"):
-    """One draft layer's call of the route, as the windowed attention op makes it."""
+def _route(metadata, device: str = "cpu", windows: StepWindows | None = None):
+    """One draft layer's call of the route in a new step, as the windowed attention op
+    makes it (``windows``: the engine's persistent ``StepWindows``; default a new one)."""
     cache = torch.empty(4, 2, BLOCK, 32, device=device)  # only its block size is read
+    windows = StepWindows() if windows is None else windows
     with set_forward_context({}, cpu_vllm_config()):
-        return StepWindows().windowed(
+        return windows.windowed(
             get_forward_context(), "draft.0", None, metadata, cache, WINDOW, 0, 8, torch.float32
         )
 
@@ -158,10 +169,12 @@ needs_cuda = pytest.mark.skipif(
 
 def cuda_launches(monkeypatch, metadata) -> tuple[int, int, object]:
     """(launcher calls of the one-launch kernel, CUDA kernels the profiler saw, result)
-    of one route call on warmed-up CUDA tensors."""
+    of one route call (a step after the first: the persistent buffers exist, the kernel is
+    compiled) on CUDA tensors."""
     from torch.profiler import ProfilerActivity, profile
 
-    _route(metadata, "cuda")  # compiles the kernel and warms up the allocator
+    windows = StepWindows()
+    _route(metadata, "cuda", windows)  # first step: allocates the buffers (two fills)
     torch.cuda.synchronize()
     real_kernel = window_metadata._query_window_table_kernel
     launched = []
@@ -173,7 +186,7 @@ def cuda_launches(monkeypatch, metadata) -> tuple[int, int, object]:
 
     monkeypatch.setattr(window_metadata, "_query_window_table_kernel", _Counting())
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out = _route(metadata, "cuda")
+        out = _route(metadata, "cuda", windows)
         torch.cuda.synchronize()
     monkeypatch.setattr(window_metadata, "_query_window_table_kernel", real_kernel)
     kernels = [
