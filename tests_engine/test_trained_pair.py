@@ -20,7 +20,7 @@ acceptance at 64; at 64 the window costs no acceptance (at least ``1 -
 SHORT_TOLERANCE`` = 0.95 of the unwindowed one). It even helps there (+20%): the 32
 decoded tokens take a 64-token prompt to 96 tokens, past the draft's training length
 (the study's goal check says the same of its shortest context). Greedy outputs are
-identical in all three engines.
+identical in all four engines.
 
 The window's size effect, not only a margin: a fourth engine runs the draft with a window
 wider than ``max_model_len`` (``WIDE``: it never drops a key), which must accept exactly
