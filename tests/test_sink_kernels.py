@@ -434,14 +434,43 @@ def test_sink_kernels_on_cuda_match_the_reference(dtype):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-def _pass_forwards_sinks() -> bool:
-    """Whether this tree's window pass gives per-token calls ``sink_size``
-    (``PerTokenWindowArgs.sink_size``, the graph-pass side of issue 13)."""
+def require_sink_forwarding() -> None:
+    """Fail (never skip) unless this tree's window pass gives ``dspark::paged_attention``'s
+    per-token calls ``sink_size`` (its registered ``PerTokenWindowArgs.sink_size``, the
+    graph-pass side of issue 13): a missing ``sink_size`` is a defect, not a platform gap."""
     import dataclasses
 
-    from dspark_compile.passes.attention_registry import PerTokenWindowArgs
+    from dspark_compile.passes.attention_registry import PerTokenWindowArgs, attention_op_specs
 
-    return "sink_size" in {f.name for f in dataclasses.fields(PerTokenWindowArgs)}
+    if "sink_size" not in {f.name for f in dataclasses.fields(PerTokenWindowArgs)}:
+        pytest.fail("PerTokenWindowArgs has no sink_size: the window pass cannot forward sinks")
+    spec = attention_op_specs().get(torch.ops.dspark.paged_attention.default)
+    if spec is None or spec.per_token_window is None or spec.per_token_window.sink_size is None:
+        pytest.fail(
+            "dspark::paged_attention is registered without a per-token sink_size argument: "
+            f"the window pass would refuse draft_sink_size ({spec})"
+        )
+
+
+def test_the_window_pass_forwards_sink_size():
+    require_sink_forwarding()
+
+
+def test_negative_control_a_missing_sink_size_fails_not_skips(monkeypatch):
+    """With ``dspark::paged_attention`` registered without ``sink_size`` (as before issue
+    13), the check fails the test: a ``Failed``, not a ``Skipped``."""
+    import dataclasses
+
+    from dspark_compile.passes import attention_registry
+
+    op = torch.ops.dspark.paged_attention.default
+    spec = attention_registry.attention_op_specs()[op]
+    without = dataclasses.replace(
+        spec, per_token_window=attention_registry.PerTokenWindowArgs(sink_size=None)
+    )
+    monkeypatch.setitem(attention_registry._REGISTRY, op, without)
+    with pytest.raises(pytest.fail.Exception, match="without a per-token sink_size"):
+        require_sink_forwarding()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels under Inductor on CUDA")
@@ -451,11 +480,7 @@ def test_compiled_causal_draft_with_sinks_on_cuda_matches_the_dense_mask(sink_si
     attention with sinks and per-token bounds, for a long causal block (draft
     prefill) beside decodes (as test_per_token_window's CUDA test, plus sinks:
     one block, and 10 blocks so the window of the short request starts inside them)."""
-    if not _pass_forwards_sinks():
-        pytest.skip(
-            "this tree's window pass does not forward draft_sink_size to per-token "
-            "calls yet (PerTokenWindowArgs has no sink_size)"
-        )
+    require_sink_forwarding()
     from tests.draft_cases import cuda_args, make_draft_case
 
     case = make_draft_case([300, 70, 9], [120, 1, 9], causal=True, seed=1)

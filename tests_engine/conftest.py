@@ -170,6 +170,47 @@ def gpu_engines() -> dict[str, dict]:
 ENGINES = cpu_engines() if DEVICE == "cpu" else gpu_engines()
 
 
+def engine_selection(engines=None) -> list[str] | None:
+    """The engines ``DSPARK_ENGINES`` (comma-separated names) selects, or None (unset or
+    empty: all of them). An unknown name is a usage error, not a silently smaller tier."""
+    raw = os.environ.get("DSPARK_ENGINES", "")
+    if not raw.strip():
+        return None
+    engines = ENGINES if engines is None else engines
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in names if name not in engines]
+    if unknown:
+        raise pytest.UsageError(
+            f"DSPARK_ENGINES={raw!r} names unknown engines {unknown} "
+            f"(DSPARK_ENGINE_DEVICE={DEVICE!r} has {sorted(engines)})"
+        )
+    return names
+
+
+def check_engine_selection(selected: list[str] | None, collected: list[str]) -> None:
+    """Refuse a selection that would make the tier a green run of skips: ``collected``
+    are the engines of the collected engine tests (one entry per test); with
+    ``DSPARK_ENGINES`` set, at least one of them must be selected."""
+    if selected is None or not collected:
+        return
+    if not set(selected) & set(collected):
+        raise pytest.UsageError(
+            f"DSPARK_ENGINES={','.join(selected)} selects none of the engines of the "
+            f"{len(collected)} collected engine tests ({sorted(set(collected))}): every one "
+            "would skip. Unset DSPARK_ENGINES (an inherited value?) or name their engines."
+        )
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
+def pytest_collection_modifyitems(config, items):
+    collected = [
+        item.callspec.params["engine"]
+        for item in items
+        if hasattr(item, "callspec") and "engine" in item.callspec.params
+    ]
+    check_engine_selection(engine_selection(), collected)
+
+
 def engine_specs(models: dict[str, str]) -> dict[str, dict]:
     """``ENGINES`` with model paths filled in. ``DSPARK_ENGINES`` (comma-separated
     names) runs a subset."""
@@ -177,8 +218,9 @@ def engine_specs(models: dict[str, str]) -> dict[str, dict]:
         name: dict(spec, target=models["target"], draft=models[spec["draft_key"]])
         for name, spec in ENGINES.items()
     }
-    if os.environ.get("DSPARK_ENGINES"):
-        specs = {name: specs[name] for name in os.environ["DSPARK_ENGINES"].split(",")}
+    selected = engine_selection()
+    if selected is not None:
+        specs = {name: specs[name] for name in selected}
     return specs
 
 

@@ -20,7 +20,15 @@ acceptance at 64; at 64 the window costs no acceptance (at least ``1 -
 SHORT_TOLERANCE`` = 0.95 of the unwindowed one). It even helps there (+20%): the 32
 decoded tokens take a 64-token prompt to 96 tokens, past the draft's training length
 (the study's goal check says the same of its shortest context). Greedy outputs are
-identical in all three engines.
+identical in all four engines.
+
+The window's size effect, not only a margin: a fourth engine runs the draft with a window
+wider than ``max_model_len`` (``WIDE``: it never drops a key), which must accept exactly
+what the unwindowed draft accepts at every context (the effect of a window that reads
+everything is nil), while the training-context window accepts more at 16x (a smaller
+window, a larger acceptance there). ``test_the_size_check_catches_*`` are the negative
+controls: the same check fails on runs where the window has no effect, the opposite
+effect, or where the wide window changed acceptance.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ BATCH = 4
 RECOVERY_RATIO = 1.25
 FLAT_TOLERANCE = 0.10
 SHORT_TOLERANCE = 0.05
+WIDE = 2048  # > max_model_len (1120): the window never drops a key
 
 
 def _spec(setting: str, window, contexts, prompts, max_model_len, draft_context):
@@ -81,7 +90,7 @@ def runs(tmp_path_factory) -> dict:
     assert max(contexts) >= 16 * c0
     workdir = tmp_path_factory.mktemp("trained_pair")
     out = {"draft_context": c0, "contexts": contexts}
-    for setting, window in (("nospec", None), ("off", None), ("w1x", c0)):
+    for setting, window in (("nospec", None), ("off", None), ("w1x", c0), ("wide", WIDE)):
         spec = _spec(setting, window, contexts, prompts, report["max_model_len"], c0)
         spec_path, out_path = workdir / f"{setting}.json", workdir / f"{setting}.out.json"
         spec_path.write_text(json.dumps(spec))
@@ -120,7 +129,7 @@ def runs(tmp_path_factory) -> dict:
             }
             for c in contexts
         }
-        for s in ("off", "w1x")
+        for s in ("off", "w1x", "wide")
     }
     print(f"[trained pair] acceptance: {json.dumps(summary)}", file=sys.stderr, flush=True)
     return out
@@ -130,7 +139,7 @@ def test_greedy_outputs_identical_to_the_targets_own(runs):
     for c in runs["contexts"]:
         reference = runs["nospec"][c]["tokens"]
         assert all(len(t) == NEW_TOKENS for t in reference)
-        for setting in ("off", "w1x"):
+        for setting in ("off", "w1x", "wide"):
             assert runs[setting][c]["tokens"] == reference, (setting, c)
             assert runs[setting][c]["drafts"] > 0
 
@@ -152,3 +161,57 @@ def test_window_costs_no_acceptance_at_the_training_context(runs):
     short = min(runs["contexts"])
     off, w = runs["off"][short]["acceptance_length"], runs["w1x"][short]["acceptance_length"]
     assert w >= (1 - SHORT_TOLERANCE) * off, (off, w)
+
+
+def check_window_size_effect(runs: dict) -> None:
+    """The window's effect grows as it shrinks: a window wider than every sequence
+    (``wide``) drafts and accepts exactly what the unwindowed draft does at every context;
+    at 16x the training context the training-context window (``w1x``) accepts at least
+    ``RECOVERY_RATIO`` times more than both."""
+    for c in runs["contexts"]:
+        off, wide = runs["off"][c], runs["wide"][c]
+        assert (wide["drafts"], wide["accepted"]) == (off["drafts"], off["accepted"]), (
+            f"the wide window changed acceptance at {c} tokens",
+            off,
+            wide,
+        )
+    long = max(runs["contexts"])
+    off = runs["off"][long]["acceptance_length"]
+    wide = runs["wide"][long]["acceptance_length"]
+    small = runs["w1x"][long]["acceptance_length"]
+    assert small >= RECOVERY_RATIO * wide and small >= RECOVERY_RATIO * off, (off, wide, small)
+
+
+def test_the_window_size_effect(runs):
+    check_window_size_effect(runs)
+
+
+def _fake_runs(off: tuple, w1x: tuple, wide: tuple) -> dict:
+    """Runs at contexts 64 and 1024 with (drafts, accepted) per setting at 1024 (at 64
+    every setting drafts 40 and accepts 40)."""
+
+    def cells(long: tuple) -> dict:
+        return {
+            c: {"drafts": d, "accepted": a, "acceptance_length": 1.0 + a / d}
+            for c, (d, a) in ((64, (40, 40)), (1024, long))
+        }
+
+    return {"contexts": [64, 1024], "off": cells(off), "w1x": cells(w1x), "wide": cells(wide)}
+
+
+def test_the_size_check_passes_the_measured_shape():
+    check_window_size_effect(_fake_runs(off=(40, 25), w1x=(40, 57), wide=(40, 25)))
+
+
+@pytest.mark.parametrize(
+    "off,w1x,wide",
+    [
+        ((40, 25), (40, 25), (40, 25)),  # the window has no effect (e.g. the pass did not run)
+        ((40, 57), (40, 25), (40, 57)),  # the opposite effect
+        ((40, 25), (40, 57), (40, 26)),  # the wide window dropped keys it must keep
+        ((40, 25), (40, 30), (40, 25)),  # an effect, but below RECOVERY_RATIO
+    ],
+)
+def test_the_size_check_catches_a_violated_effect(off, w1x, wide):
+    with pytest.raises(AssertionError):
+        check_window_size_effect(_fake_runs(off, w1x, wide))

@@ -470,10 +470,10 @@ def run_pair_demo_command(pair_dir: Optional[Path], lowering: str = "aot_eager")
         row_ok=lambda row: row.tokens_equal,
         legend=(
             "tau: mean acceptance length, 1 + accepted draft tokens per round; tokens equal: "
-            "the window changed no generated token (greedy: both are the target's own)"
+            "both runs (no window, window W) generated the target's own greedy tokens"
         ),
         ok_message="OK: the window changes no token, only how many draft tokens are accepted",
-        bad_message="MISMATCH: the window changed the generated tokens",
+        bad_message="MISMATCH: the generated tokens differ from the target's own greedy decode",
         step="decoding without and with the window",
     )
     if rows and trained:

@@ -6,8 +6,12 @@ HF checkpoints that vLLM loads too) is decoded greedily by
 :class:`~dspark_compile.speculative.loop.SpeculativeDecoder` on its held-out prompts,
 the draft compiled with ``backend="dspark"`` without a window and with W = its
 training context. One row per prompt length: the mean acceptance length
-``tau = 1 + accepted / rounds`` both ways, and whether the two runs generated the same
-tokens (greedy speculative decoding emits the target's own tokens either way).
+``tau = 1 + accepted / rounds`` both ways, and whether both runs generated exactly the
+target's own greedy tokens (:func:`~dspark_compile.speculative.loop.target_greedy_decode`,
+the target alone, one token per forward): greedy speculative decoding must emit them
+with or without the window. Comparing the two speculative runs with each other would
+not do: a defect common to both (in the loop, or the compiled draft's verification)
+would pass.
 """
 
 from __future__ import annotations
@@ -65,7 +69,11 @@ def run_pair_demo(
     import torch
 
     from dspark_compile.speculative import hf_export
-    from dspark_compile.speculative.loop import SpeculativeDecoder, compile_draft
+    from dspark_compile.speculative.loop import (
+        SpeculativeDecoder,
+        compile_draft,
+        target_greedy_decode,
+    )
 
     pair_dir = Path(pair_dir)
     prompts = _prompts(pair_dir)
@@ -84,6 +92,13 @@ def run_pair_demo(
     target = hf_export.load_llama(pair_dir / "target")
     draft = hf_export.load_llama(pair_dir / "draft")
     longest = max(len(p) for c in contexts for p in prompts[str(c)][:num_prompts])
+    reference = {
+        c: [
+            target_greedy_decode(target, torch.tensor(p, dtype=torch.long), new_tokens, 16)[0]
+            for p in prompts[str(c)][:num_prompts]
+        ]
+        for c in contexts
+    }
     results: dict[Optional[int], dict[int, list]] = {}
     for setting in (None, window):
         torch._dynamo.reset()
@@ -103,10 +118,12 @@ def run_pair_demo(
                 for p in prompts[str(c)][:num_prompts]
             ]
             if setting == window:
-                yield _row(c, window, results[None][c], results[window][c])
+                yield _row(c, window, results[None][c], results[window][c], reference[c])
 
 
-def _row(context: int, window: int, off: list, on: list) -> PairRow:
+def _row(context: int, window: int, off: list, on: list, reference: list) -> PairRow:
+    """``reference``: the target's own greedy tokens, one list per prompt."""
+
     def tau(runs) -> float:
         accepted = [a for r in runs for a in r.accepted]
         return 1.0 + sum(accepted) / max(len(accepted), 1)
@@ -117,5 +134,6 @@ def _row(context: int, window: int, off: list, on: list) -> PairRow:
         tau_off=tau(off),
         tau_window=tau(on),
         rounds=sum(len(r.accepted) for r in on),
-        tokens_equal=all(a.tokens == b.tokens for a, b in zip(off, on)),
+        tokens_equal=len(off) == len(on) == len(reference)
+        and all(a.tokens == t and b.tokens == t for a, b, t in zip(off, on, reference)),
     )
