@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("vllm")
+vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec  # noqa: E402
@@ -160,8 +160,19 @@ def test_untested_version_warns(monkeypatch, caplog):
     assert "untested" in caplog.text
 
 
+def _v1_runner():
+    """vLLM's V1 ``GPUModelRunner``, or None (vLLM 0.34 removed it: V2 only)."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        return None
+    return GPUModelRunner
+
+
 def test_install_wraps_the_runner_once():
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    GPUModelRunner = _v1_runner()
+    if GPUModelRunner is None:
+        pytest.skip(f"vLLM {vllm.__version__} has no V1 GPUModelRunner (removed in 0.34)")
 
     assert kv_memory.install()
     wrapped = GPUModelRunner.get_kv_cache_spec
@@ -188,11 +199,10 @@ def test_v2_runner_keeps_vllms_layer_order():
 
 def test_install_wraps_the_v2_runner_too():
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     assert kv_memory.install()
     assert kv_memory.install()  # idempotent
-    for runner_class in (GPUModelRunner, V2ModelRunner):
+    for runner_class in [c for c in (_v1_runner(), V2ModelRunner) if c is not None]:
         wrapped = runner_class.get_kv_cache_spec
         assert getattr(wrapped, kv_memory._MARK)
         assert not getattr(wrapped.__wrapped__, kv_memory._MARK, False)  # wrapped once

@@ -574,10 +574,12 @@ def test_sinks_expand_causal_calls_per_token(
 ):
     planned = []
     if make is cpu_metadata:
-        import vllm._custom_ops as ops
+        from dspark_compile.integrations.vllm.metadata import cpu_attn_ops
 
         monkeypatch.setattr(
-            ops, "cpu_attn_get_scheduler_metadata", lambda **kw: planned.append(kw) or torch.ones(5)
+            cpu_attn_ops(),
+            "cpu_attn_get_scheduler_metadata",
+            lambda **kw: planned.append(kw) or torch.ones(5),
         )
     width = max([12] + [-(-s // BLOCK) for s in seq_lens])  # holds every request
     metadata = make(seq_lens, width=width, seed=len(seq_lens) + window, q_lens=q_lens)

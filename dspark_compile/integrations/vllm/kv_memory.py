@@ -3,8 +3,9 @@
 **When vLLM decides.** ``EngineCore._initialize_kv_caches``
 (``vllm/v1/engine/core.py``) takes the KV-cache specs
 (``model_executor.get_kv_cache_specs()`` -> worker -> model runner
-``get_kv_cache_spec``: V1's ``GPUModelRunner``, which the CPU runner inherits,
-or the V2 runner of ``vllm/v1/worker/gpu/model_runner.py``) right
+``get_kv_cache_spec``: V1's ``GPUModelRunner`` (0.26 to 0.33; their CPU runner
+inherits it), or the V2 runner of ``vllm/v1/worker/gpu/model_runner.py`` (the only
+runner in 0.34, whose CPU runner inherits it)) right
 after the model and the drafter are loaded and BEFORE it profiles
 (``determine_available_memory``: the profile run, where ``torch.compile`` and
 our Inductor pass run). The pass is therefore too late: the spec is decided
@@ -22,8 +23,8 @@ then puts the draft's layers in their own group, keeps per request only the
 blocks that window can still read (``SlidingWindowManager``), and reports the
 larger capacity ("KV cache size: N tokens", ``kv_cache_config``).
 
-**The draft's group goes first (V1 runner).** vLLM's V1 runner gives every proposer that is not an
-``EagleProposer`` / ``DFlashProposer`` / ``Gemma4Proposer`` /
+**The draft's group goes first (V1 runner, 0.26 to 0.33).** vLLM's V1 runner gives
+every proposer that is not an ``EagleProposer`` / ``DFlashProposer`` / ``Gemma4Proposer`` /
 ``ExtractHiddenStatesProposer`` -- ``DraftModelProposer`` among them -- the
 block table and slot mapping of KV-cache group 0
 (``gpu_model_runner.py``, ``_build_attention_metadata``; the bug of
@@ -248,23 +249,29 @@ def _wrap(runner_class: Any, draft_first: bool) -> None:
 
 def install() -> bool:
     """Wrap the model runners' ``get_kv_cache_spec`` (idempotent): vLLM's V1
-    ``GPUModelRunner`` (the CPU runner inherits it), draft layers first (module doc),
-    and, where this vLLM has it, the V2 runner (``vllm/v1/worker/gpu/model_runner.py``,
-    the default on GPUs for most methods), in vLLM's own layer order: V2 builds every
-    draft layer's metadata from its own KV-cache group's block table
+    ``GPUModelRunner`` (``vllm/v1/worker/gpu_model_runner.py``, 0.26 to 0.33; the CPU
+    runner of those versions inherits it), draft layers first (module doc), and the V2
+    runner (``vllm/v1/worker/gpu/model_runner.py``: the default on GPUs since 0.29, the
+    only runner in 0.34, whose CPU runner inherits it), in vLLM's own layer order: V2
+    builds every draft layer's metadata from its own KV-cache group's block table
     (``spec_decode/speculator.py``, ``set_attn`` / ``_build_draft_attn_metadata``).
-    False when this vLLM has no V1 GPU runner (then the window bounds no memory, and
-    the pass says so)."""
+    False when this vLLM has neither (then the window bounds no memory, and the pass
+    says so)."""
+    wrapped = False
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    except Exception as error:  # noqa: BLE001  (a platform without the v1 GPU runner)
-        logger.debug("dspark: no GPUModelRunner (%s): draft KV memory hook not installed", error)
-        return False
-    _wrap(GPUModelRunner, draft_first=True)
+    except Exception as error:  # noqa: BLE001  (0.34 removed it; or a platform without it)
+        logger.debug("dspark: no V1 GPUModelRunner (%s)", error)
+    else:
+        _wrap(GPUModelRunner, draft_first=True)
+        wrapped = True
     try:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
     except Exception as error:  # noqa: BLE001  (no V2 runner in this vLLM)
-        logger.debug("dspark: no V2 model runner (%s): hooked V1 only", error)
+        logger.debug("dspark: no V2 model runner (%s)", error)
     else:
         _wrap(V2ModelRunner, draft_first=False)
-    return True
+        wrapped = True
+    if not wrapped:
+        logger.debug("dspark: no V1 or V2 model runner: draft KV memory hook not installed")
+    return wrapped

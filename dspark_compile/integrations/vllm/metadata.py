@@ -392,6 +392,18 @@ def _check_supported(metadata: Any) -> None:
             )
 
 
+def cpu_attn_ops() -> Any:
+    """The vLLM module with ``cpu_attn_get_scheduler_metadata``: ``vllm._cpu_ops`` (0.34;
+    what its CPU attention backend calls), else ``vllm._custom_ops`` (0.26 to 0.33)."""
+    try:
+        from vllm import _cpu_ops as ops
+    except ImportError:
+        ops = None
+    if ops is None or not hasattr(ops, "cpu_attn_get_scheduler_metadata"):
+        from vllm import _custom_ops as ops
+    return ops
+
+
 def _cpu_scheduler_metadata(
     metadata: Any,
     layer: Any,
@@ -402,8 +414,8 @@ def _cpu_scheduler_metadata(
     """CPU attention's work plan for the windowed lengths and the native window
     (``sliding_window``: that of the layer's kernel; default ``W - K``)."""
     import vllm.envs as envs
-    from vllm import _custom_ops as ops
 
+    ops = cpu_attn_ops()
     if layer is None or query_dtype is None:
         raise ValueError(
             "CPU attention metadata needs the draft layer and the query dtype "

