@@ -171,22 +171,18 @@ def load_trained(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> No
         params[k].copy_(v.float())
 
 
-def export(target: TransformerLM, draft, eagle3, out: Path) -> None:
-    meta = {"dspark_target": smollm2.NAME}
-    hf_export.export_llama(
-        draft.cpu(),
-        out / "draft",
-        max_position_embeddings=MAX_MODEL_LEN,
-        training_context=DRAFT_CONTEXT,
-        extra=meta,
-    )
-    eagle3_lib.export_eagle3(
-        eagle3.cpu(),
-        out / "eagle3",
-        max_position_embeddings=MAX_MODEL_LEN,
-        training_context=DRAFT_CONTEXT,
-        extra=meta,
-    )
+def export(draft, eagle3, out: Path) -> None:
+    for write, model, name in (
+        (hf_export.export_llama, draft, "draft"),
+        (eagle3_lib.export_eagle3, eagle3, "eagle3"),
+    ):
+        write(
+            model.cpu(),
+            out / name,
+            max_position_embeddings=MAX_MODEL_LEN,
+            training_context=DRAFT_CONTEXT,
+            extra={"dspark_target": smollm2.NAME},
+        )
 
 
 def train(args) -> int:
@@ -248,7 +244,7 @@ def train(args) -> int:
             f"held-out soft CE against the target at {c}: draft_model "
             f"{heldout['draft_model'][c]:.3f}, eagle3 {e3['step1']:.3f} (step 2 {e3['step2']:.3f})"
         )
-    export(target, draft, eagle3, out)
+    export(draft, eagle3, out)
     report = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
@@ -290,7 +286,7 @@ def assemble(args) -> int:
     draft, eagle3 = new_draft(target), new_eagle3(target)
     load_trained(draft, load_file(str(args.weights / "draft.safetensors")))
     load_trained(eagle3, load_file(str(args.weights / "eagle3.safetensors")))
-    export(target, draft, eagle3, out)
+    export(draft, eagle3, out)
     log(f"wrote {out}/draft and {out}/eagle3 from {args.weights}")
     return 0
 

@@ -273,6 +273,60 @@ def test_eagle3_training_lowers_both_steps_losses():
     assert torch.equal(draft.embed.weight, embed)  # the target's, frozen
 
 
+def test_soft_cross_entropy_is_cross_entropy_against_the_teachers_distribution():
+    import torch.nn.functional as F
+
+    from dspark_compile.speculative.training import soft_cross_entropy
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, 11, generator=gen) * 3
+    teacher = torch.randn(2, 5, 11, generator=gen) * 3
+    p = F.softmax(teacher, -1)
+    manual = -(p * F.log_softmax(logits, -1)).sum(-1).mean()
+    torch.testing.assert_close(soft_cross_entropy(logits, teacher), manual)
+    entropy = -(p * p.log()).sum(-1).mean()
+    torch.testing.assert_close(soft_cross_entropy(teacher, teacher), entropy)
+    assert soft_cross_entropy(logits, teacher) > entropy + 0.1  # Gibbs: only equal at p = q
+    labels = torch.randint(0, 11, (2, 5), generator=gen)
+    one_hot = F.one_hot(labels, 11).float() * 1e4  # a teacher sure of the labels
+    hard = F.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1))
+    torch.testing.assert_close(soft_cross_entropy(logits, one_hot), hard)
+
+
+def test_distillation_reads_the_teachers_distribution_at_the_predicted_position():
+    """train_lm's teacher loss: the teacher's logits on the same inputs; EAGLE3's step s at
+    slot p (reads x[p + s], predicts x[p + s + 1]): the target's logits at position p + s."""
+    from dspark_compile.speculative import eagle3, training
+    from dspark_compile.speculative.training import soft_cross_entropy
+
+    target, draft = _eagle3_pair(aux=(1,))
+    gen = torch.Generator().manual_seed(11)
+    windows = torch.randint(0, 256, (2, 25), generator=gen)
+    context, seq = 24, 22
+    with torch.no_grad():
+        teacher_logits, _ = target.forward_dense(windows[:, :context])
+        student = _perturbed(TransformerLM(CFG, seed=3)).eval()
+        ce, _ = training._losses(student, windows, None, teacher=target)
+        s_logits, _ = student.forward_dense(windows[:, :-1])
+        t_logits, _ = target.forward_dense(windows[:, :-1])
+        torch.testing.assert_close(ce, soft_cross_entropy(s_logits, t_logits))
+
+        _, ce1, ce2 = eagle3._losses(draft, target, windows, 2, distill=True)
+        aux = eagle3.target_aux(target, windows[:, :context], (1,))[:, :seq]
+        logits1, logits2 = draft.forward_unrolled(
+            windows[:, 1 : seq + 1], aux, windows[:, 2 : seq + 2]
+        )
+        want = {
+            s: soft_cross_entropy(lg, teacher_logits[:, s : seq + s])
+            for s, lg in ((1, logits1), (2, logits2))
+        }
+        torch.testing.assert_close(ce1, want[1])
+        torch.testing.assert_close(ce2, want[2])
+        # negative control: one position off is a different loss
+        off = soft_cross_entropy(logits1, teacher_logits[:, 0:seq])
+        assert abs(float(off) - float(ce1)) > 1e-3
+
+
 def test_eagle3_bad_input_names_the_argument():
     from dspark_compile.speculative import eagle3
 
