@@ -31,7 +31,11 @@ keep_logs() {  # the engines' logs of a bench run, as one file
   tar -czf "$OUT/$1-logs.tgz" -C "$PAIR" "$1.work" 2>/dev/null || true
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
-git log -1 --format='tree: %H %s' 2>/dev/null || true
+# The device's .git is the session's first snapshot, not the tree sent: log the sent tree's
+# id (compare here with `git rev-parse COMMIT^{tree}`); results name that commit.
+rm -f /tmp/sent.idx
+echo "sent tree: $(GIT_INDEX_FILE=/tmp/sent.idx git add -A . 2>/dev/null &&
+  GIT_INDEX_FILE=/tmp/sent.idx git write-tree 2>/dev/null || echo unknown)"
 case "$stage" in
   gguf0)
     mkdir -p /tmp/parts && cp .smol/ga/gguf.part0 /tmp/parts/ && ls -la /tmp/parts ;;
