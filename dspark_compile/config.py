@@ -2,6 +2,10 @@
 
 ``DraftWindowConfig`` is the single source of truth for the window's
 parameters. It is immutable and hashable so passes can put it in ``uuid()``.
+``WindowSpec`` is the resolved window one attention call runs with (W, K, b, S):
+the one place where ``future_offset < window_size`` is checked for it and where
+``W - K`` is computed; the run-time code takes a ``WindowSpec`` and does not check
+again.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import dataclasses
 import logging
 from typing import Any, Mapping, Optional
 
-from dspark_compile.validation import check_choice, check_int, did_you_mean
+from dspark_compile.validation import check_choice, check_int, did_you_mean, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +143,58 @@ class DraftWindowConfig:
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (JSON-able; what a pass's ``uuid()`` hashes)."""
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """The resolved window of one attention call: W (``window_size``), K
+    (``future_offset``), b (``block_size``, the kernel's KV block) and S (``sink_size``,
+    attention-sink tokens, 0: none).
+
+    Validated on construction: W a positive int, K an int with ``0 <= K < W``, b a
+    positive int, S a non-negative int; ``ValueError`` naming the argument, its value
+    and what is allowed. ``tokens = W - K``: the keys a query's token-exact window holds.
+    """
+
+    window_size: int
+    future_offset: int
+    block_size: int
+    sink_size: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("window_size", self.window_size, 1)
+        check_int("future_offset", self.future_offset, 0)
+        if self.future_offset >= self.window_size:
+            raise ValueError(
+                f"future_offset={self.future_offset} must be < window_size={self.window_size}"
+            )
+        if not is_int(self.block_size) or self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be positive")
+        if not is_int(self.sink_size) or self.sink_size < 0:
+            raise ValueError(
+                f"sink_size={self.sink_size!r} is invalid: expected a "
+                "non-negative int (0: no attention sinks)"
+            )
+
+    @property
+    def tokens(self) -> int:
+        """``W - K``."""
+        return self.window_size - self.future_offset
+
+    @classmethod
+    def from_config(cls, config: DraftWindowConfig, block_size: Optional[int] = None) -> WindowSpec:
+        """The spec of an enabled ``config``: W, K (``resolved_future_offset``), S; b from
+        ``config.block_size``, else ``block_size``."""
+        if not config.enabled:
+            raise ValueError(
+                "config has draft_window_size=None: the window is off, there is nothing to adapt"
+            )
+        b = config.block_size if config.block_size is not None else block_size
+        if b is None:
+            raise ValueError(
+                "block_size=None is invalid: config.block_size is None too; "
+                "pass the kernel block size"
+            )
+        return cls(
+            config.draft_window_size, config.resolved_future_offset, b, config.draft_sink_size
+        )

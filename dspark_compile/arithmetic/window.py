@@ -125,6 +125,40 @@ def window_upper_bound(
     )
 
 
+def first_query_window_start(
+    seq_lens: torch.Tensor, query_lens: torch.Tensor, window_tokens: int, block_size: int
+) -> torch.Tensor:
+    """Block-aligned start of the TOKEN-EXACT window of each request's first query
+    (the vLLM route without sinks, docs/design.md "Two window mechanisms").
+
+    With ``n = window_tokens`` (``W - K``) and a request's first query at position
+    ``seq_len - q_len``, that query reads keys from ``lo = max(seq_len - q_len + 1 - n, 0)``
+    on; ``start = floor(lo / b) * b``. Every later query of the request reads from a
+    later ``lo``, so ``[start, seq_len)`` holds every key the request's queries read.
+    ``query_lens`` of 1 give the window of the last position (decode, non-causal
+    blocks); a request with ``q_len = 0`` (padding) gets the window of position
+    ``seq_len``. ``[R]`` tensors of ``seq_lens``' dtype; the formula of
+    ``kernels.window_metadata.query_window_table_triton``.
+    """
+    first = seq_lens - query_lens
+    lo = torch.clamp(first + 1 - window_tokens, min=0)
+    return torch.div(lo, block_size, rounding_mode="floor") * block_size
+
+
+def first_query_window_columns(
+    window_tokens: int, block_size: int, max_query_len: int, table_width: int
+) -> int:
+    """Columns of a table windowed by ``first_query_window_start``:
+    ``max(1, min(table_width, ceil((max(max_query_len, 1) + n) / b) + 1))``, ``n = W - K``.
+
+    A request of ``q <= max_query_len`` queries needs at most
+    ``ceil((q - 1 + n + b - 1) / b)`` blocks (its windowed length is at most
+    ``windowed_len_bound(W, b, K, q)``), never more than this.
+    """
+    needed = -(-(max(max_query_len, 1) + window_tokens) // block_size) + 1
+    return max(1, min(table_width, needed))
+
+
 def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:
     """``q_len [R]`` from ``query_start_loc [R+1]``: ``qsl[1:] - qsl[:-1]``."""
     return query_start_loc[1:] - query_start_loc[:-1]

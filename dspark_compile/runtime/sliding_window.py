@@ -20,7 +20,7 @@ from dspark_compile.arithmetic.window import (
     window_seq_lens,
     window_upper_bound,
 )
-from dspark_compile.config import DraftWindowConfig
+from dspark_compile.config import DraftWindowConfig, WindowSpec
 from dspark_compile.validation import check_int
 
 
@@ -68,11 +68,13 @@ class SlidingWindowAdapter:
     ) -> None:
         check_int("max_num_reqs", max_num_reqs)
         self.fused = fused
+        self.max_window_blocks = max_window_blocks(window_size, block_size, sink_size=sink_size)
+        #: The validated window (``config.WindowSpec``: ``0 <= future_offset < window_size``).
+        self.spec = WindowSpec(window_size, future_offset, block_size, sink_size)
         self.window_size = window_size
         self.block_size = block_size
         self.future_offset = future_offset
         self.sink_size = sink_size
-        self.max_window_blocks = max_window_blocks(window_size, block_size, sink_size=sink_size)
         self.block_table_buffer = torch.zeros(
             (max_num_reqs, self.max_window_blocks), dtype=dtype, device=device
         )
@@ -87,22 +89,13 @@ class SlidingWindowAdapter:
     ) -> SlidingWindowAdapter:
         """An adapter with W, K and S (``draft_sink_size``) from ``config``; b from
         ``config.block_size``, else ``block_size``. ``kwargs``: device, dtype, fused."""
-        if not config.enabled:
-            raise ValueError(
-                "config has draft_window_size=None: the window is off, there is nothing to adapt"
-            )
-        b = config.block_size if config.block_size is not None else block_size
-        if b is None:
-            raise ValueError(
-                "block_size=None is invalid: config.block_size is None too; "
-                "pass the kernel block size"
-            )
+        spec = WindowSpec.from_config(config, block_size)
         return cls(
-            config.draft_window_size,
-            b,
+            spec.window_size,
+            spec.block_size,
             max_num_reqs,
-            future_offset=config.resolved_future_offset,
-            sink_size=config.draft_sink_size,
+            future_offset=spec.future_offset,
+            sink_size=spec.sink_size,
             **kwargs,
         )
 

@@ -59,6 +59,8 @@ group holds ``ceil(L / b)``. The KV capacity vLLM reports is
 
 from __future__ import annotations
 
+from dspark_compile.config import WindowSpec
+
 
 def _check(name: str, value: int, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -66,12 +68,9 @@ def _check(name: str, value: int, minimum: int) -> None:
 
 
 def draft_sliding_window(window_size: int, future_offset: int) -> int:
-    """The ``sliding_window`` of the draft layers' vLLM KV spec: ``W - K`` (module doc)."""
-    _check("window_size", window_size, 1)
-    _check("future_offset", future_offset, 0)
-    if future_offset >= window_size:
-        raise ValueError(f"future_offset={future_offset} must be < window_size={window_size}")
-    return window_size - future_offset
+    """The ``sliding_window`` of the draft layers' vLLM KV spec: ``W - K`` (module doc;
+    ``config.WindowSpec`` validates W and K)."""
+    return WindowSpec(window_size, future_offset, 1).tokens
 
 
 def lowest_key_read(position: int, window_size: int, future_offset: int) -> int:
