@@ -25,12 +25,12 @@ from dspark_compile.integrations.vllm import (
 )
 from dspark_compile.integrations.vllm.metadata import (
     WindowSpec,
-    _window_table_torch,
     native_window_value,
     set_native_window,
     window_columns,
     window_start,
 )
+from dspark_compile.integrations.vllm.token_window import _window_table_torch
 from dspark_compile.kernels.window_metadata import query_window_table_triton
 from tests.vllm_helpers import cpu_vllm_config
 

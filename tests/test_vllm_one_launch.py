@@ -2,7 +2,7 @@
 
 ``StepWindows.windowed`` (what the windowed attention op calls per draft layer and step)
 must, on a CUDA block table, take ``kernels.window_metadata.query_window_table_triton``
-(one Triton launch) and not ``metadata._window_table_torch`` (~20 torch ops).
+(one Triton launch) and not ``token_window._window_table_torch`` (~20 torch ops).
 
 * Everywhere: the route's choice, with the table made to report ``is_cuda`` (a tensor
   subclass) and both paths wrapped by counters; the Triton path's stand-in writes the
@@ -29,7 +29,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the [vllm] extra)")
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 
-from dspark_compile.integrations.vllm import StepWindows, metadata as vllm_metadata
+from dspark_compile.integrations.vllm import StepWindows, token_window as vllm_metadata
 from dspark_compile.integrations.vllm.metadata import WindowSpec
 from dspark_compile.kernels import window_metadata
 from tests.vllm_helpers import cpu_vllm_config

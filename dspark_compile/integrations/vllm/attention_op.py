@@ -21,27 +21,34 @@ buffers are persistent and it reads no host value that changes between
 replays other than those vLLM itself freezes: see README, "CUDA graphs").
 
 Importing this module registers the op (vLLM's ``direct_register_custom_op``,
-so the schema matches vLLM's op). No ``from __future__ import annotations``
-here: the schema is inferred from the signature's real types.
+so the schema matches vLLM's op; vLLM reached through ``seam``). No
+``from __future__ import annotations`` here: the schema is inferred from the
+signature's real types.
 """
 
 import logging
 
 import torch
 from torch.library import Library
-from vllm.compilation.breakable_cudagraph import eager_break_during_capture
-from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.attention.attention import get_attention_context
-from vllm.model_executor.layers.attention.kv_transfer_utils import maybe_transfer_kv_layer
-from vllm.utils.torch_utils import LayerNameType, _resolve_layer_name, direct_register_custom_op
 
-from dspark_compile.integrations.vllm.metadata import (
-    StepWindows,
+from dspark_compile.config import WindowSpec
+from dspark_compile.integrations.vllm.backends import (
     check_no_native_window,
     is_causal,
+    kernel_block_size,
     metadata_backend,
     set_native_window,
 )
+from dspark_compile.integrations.vllm.seam import (
+    LayerNameType,
+    direct_register_custom_op,
+    eager_break_during_capture,
+    get_attention_context,
+    get_forward_context,
+    maybe_transfer_kv_layer,
+    resolve_layer_name,
+)
+from dspark_compile.integrations.vllm.step_windows import StepWindows
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +74,7 @@ def unified_attention_with_output_windowed(
     max_num_tokens: int = 0,
 ) -> None:
     del kv_cache_dummy_dep  # ordering dependency on the KV-cache update only
-    name = _resolve_layer_name(layer_name)
+    name = resolve_layer_name(layer_name)
     attn_metadata, layer, kv_cache, _ = get_attention_context(name)
     if attn_metadata is not None:
         if sink_size:
@@ -89,7 +96,7 @@ def unified_attention_with_output_windowed(
             set_native_window(
                 layer,
                 metadata_backend(attn_metadata),
-                window_size - future_offset,
+                WindowSpec(window_size, future_offset, kernel_block_size(kv_cache)).tokens,
                 is_causal(attn_metadata),
             )
             attn_metadata = STEP_WINDOWS.windowed(

@@ -8,17 +8,28 @@ the ``VllmConfig`` it was constructed with (``vllm_config``) and the model
 tag it was built under (``_compile_tag``: ``backbone`` for the target,
 ``draft_model`` / ``eagle_head`` / ``dflash_head`` / ``dspark_head`` for
 drafts; vLLM 0.32 and 0.33 alike). ``find_compile_context`` finds that module
-on the call stack. This holds on both of vLLM's compile routes: the CPU
-platform's plain Inductor (``DYNAMO_TRACE_ONCE``) and the CUDA
+on the call stack (``seam.compiling_model_on_stack``). This holds on both of vLLM's
+compile routes: the CPU platform's plain Inductor (``DYNAMO_TRACE_ONCE``) and the CUDA
 ``VllmBackend`` / ``PiecewiseBackend`` (which also compiles lazily inside the
 model's forward).
+
+``resolve_compile_context`` is the one function the pass asks: it returns the context
+set by ``override_compile_context`` (tests, runner integrations that know their
+config), else resolves it once per compile (per Dynamo compile id: the pass's
+``uuid()`` and every graph of that compile share one resolution) and walks the stack
+again only for compiles outside Dynamo (vLLM's lazy piecewise compiles).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import sys
-from typing import Any, Optional
+import threading
+from typing import Any, Iterator, Optional
+
+from torch._guards import CompileContext as _DynamoCompileContext
+
+from dspark_compile.integrations.vllm import seam
 
 # Model tags vLLM's proposers build draft models under (``set_model_tag``).
 DRAFT_MODEL_TAGS = frozenset({"draft_model", "eagle_head", "dflash_head", "dspark_head"})
@@ -37,41 +48,53 @@ class CompileContext:
         return self.model_tag in DRAFT_MODEL_TAGS
 
 
-def _is_vllm_config(value: Any) -> bool:
-    from vllm.config import VllmConfig
-
-    return isinstance(value, VllmConfig)
-
-
 def find_compile_context(max_depth: int = 400) -> Optional[CompileContext]:
     """The innermost compiling vLLM model on the stack, else vLLM's current config.
 
     Returns None when neither exists (the pass was called outside vLLM).
     """
-    frame = sys._getframe(1)
-    fallback: Optional[CompileContext] = None
-    depth = 0
-    while frame is not None and depth < max_depth:
-        owner = frame.f_locals.get("self")
-        config = getattr(owner, "vllm_config", None) if owner is not None else None
-        if config is not None and _is_vllm_config(config):
-            tag = getattr(owner, "_compile_tag", None)
-            if isinstance(tag, str) and tag:
-                return CompileContext(config, tag, type(owner).__name__)
-            if fallback is None:
-                tag = getattr(owner, "prefix", None)  # VllmBackend
-                if not tag:
-                    tag = getattr(getattr(owner, "vllm_backend", None), "prefix", None)
-                fallback = CompileContext(
-                    config, tag if isinstance(tag, str) and tag else None, type(owner).__name__
-                )
-        frame = frame.f_back
-        depth += 1
-    if fallback is not None:
-        return fallback
-    from vllm.config import get_current_vllm_config_or_none
-
-    config = get_current_vllm_config_or_none()
+    found = seam.compiling_model_on_stack(max_depth)
+    if found is not None:
+        return CompileContext(*found)
+    config = seam.current_vllm_config()
     if config is None:
         return None
     return CompileContext(config, None, "get_current_vllm_config")
+
+
+_UNSET = object()
+_STATE = threading.local()
+
+
+def _override() -> Any:
+    return getattr(_STATE, "override", _UNSET)
+
+
+@contextlib.contextmanager
+def override_compile_context(context: Optional[CompileContext]) -> Iterator[None]:
+    """Within the block (this thread), ``resolve_compile_context()`` returns ``context``
+    (None: "not compiled by vLLM") without looking at the stack."""
+    previous = _override()
+    _STATE.override = context
+    try:
+        yield
+    finally:
+        if previous is _UNSET:
+            del _STATE.override
+        else:
+            _STATE.override = previous
+
+
+def resolve_compile_context() -> Optional[CompileContext]:
+    """The compile context of the model being compiled (``find_compile_context``), or the
+    one set by ``override_compile_context``; resolved once per Dynamo compile id."""
+    override = _override()
+    if override is not _UNSET:
+        return override
+    compile_id = _DynamoCompileContext.current_compile_id()
+    memo = getattr(_STATE, "memo", None)
+    if compile_id is not None and memo is not None and memo[0] == compile_id:
+        return memo[1]
+    context = find_compile_context()
+    _STATE.memo = (compile_id, context) if compile_id is not None else None
+    return context

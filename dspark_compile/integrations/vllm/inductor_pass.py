@@ -8,8 +8,9 @@ attention sinks, ``sink_size`` and ``max_num_tokens``); target-layer calls,
 the KV-cache update op and slot_mapping are untouched.
 
 Settings come from the ``VllmConfig`` of the model being compiled
-(``compile_context.find_compile_context``: the ``@support_torch_compile``
-module on the call stack), never from whatever config happens to be current.
+(``compile_context.resolve_compile_context``: the ``@support_torch_compile``
+module on the call stack, resolved once per compile; tests inject it with
+``override_compile_context``), never from whatever config happens to be current.
 A layer is a draft layer when vLLM 0.33's proposer marked it
 ``is_draft_layer`` or when the graph belongs to a model vLLM built under a
 draft model tag (``draft_model``, ``eagle_head``, ``dflash_head``,
@@ -26,23 +27,23 @@ from typing import Any, Optional
 
 import torch
 import torch.fx
-import vllm
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
-from vllm.compilation.passes.inductor_pass import InductorPass
-from vllm.utils.torch_utils import LayerName
 
 from dspark_compile.config import DraftWindowConfig
-from dspark_compile.integrations.vllm import attention_op
-from dspark_compile.integrations.vllm.compile_context import CompileContext, find_compile_context
+from dspark_compile.integrations.vllm import attention_op, seam
+from dspark_compile.integrations.vllm.backends import SUPPORTED_BACKENDS
+from dspark_compile.integrations.vllm.compile_context import (
+    CompileContext,
+    resolve_compile_context,
+)
 from dspark_compile.integrations.vllm.config import (
     ADDITIONAL_CONFIG_KEY,
     WindowOverrides,
     attention_is_split_out,
     resolve_window_config,
 )
-from dspark_compile.integrations.vllm.metadata import SUPPORTED_BACKENDS
 from dspark_compile.passes import stats as keys
-from dspark_compile.passes.graph_utils import get_arg, sync_eager_input_vals
+from dspark_compile.passes.graph_utils import sync_eager_input_vals
 from dspark_compile.passes.manager import new_graph_id, record_pass
 from dspark_compile.passes.source_hash import PASS_SOURCES, source_hash
 from dspark_compile.validation import log_once, warn_once
@@ -55,7 +56,7 @@ _FUNCTIONALIZED = (auto_functionalized, auto_functionalized_v2)
 VLLM_PASS_SOURCES = PASS_SOURCES + ("integrations/vllm",)
 
 
-class DraftWindowInductorPass(InductorPass):
+class DraftWindowInductorPass(seam.InductorPass):
     """Draft KV sliding window as a vLLM post-grad custom pass.
 
     Arguments override what the ``VllmConfig`` says
@@ -83,18 +84,18 @@ class DraftWindowInductorPass(InductorPass):
     def window_config(self, vllm_config: Any = None) -> DraftWindowConfig:
         """Resolved config for ``vllm_config`` (default: that of the model being compiled)."""
         if vllm_config is None:
-            context = find_compile_context()
+            context = resolve_compile_context()
             vllm_config = context.vllm_config if context is not None else None
         return resolve_window_config(vllm_config, self.overrides)
 
     def uuid(self) -> str:
-        return InductorPass.hash_dict(
+        return seam.InductorPass.hash_dict(
             {
-                "source": InductorPass.hash_source(
+                "source": seam.InductorPass.hash_source(
                     self, attention_op.unified_attention_with_output_windowed
                 ),
                 "files": source_hash(VLLM_PASS_SOURCES),
-                "vllm": vllm.__version__,
+                "vllm": seam.vllm_version(),
                 "window": self.window_config().as_dict(),
             }
         )
@@ -110,14 +111,14 @@ class DraftWindowInductorPass(InductorPass):
         """Rewrite ``graph`` in place; returns counters of what was found and done.
 
         ``vllm_config``/``model_tag`` default to the compiling model's
-        (``find_compile_context``). Raises ``RuntimeError`` when a window is
+        (``resolve_compile_context``). Raises ``RuntimeError`` when a window is
         configured but no vLLM config can be found, ``ValueError`` for a draft
         layer on an unsupported backend; warns when a draft graph reaches the
         pass without any attention call (attention split out of the graph).
         """
         context = None
         if vllm_config is None:
-            context = find_compile_context()
+            context = resolve_compile_context()
             if context is not None:
                 vllm_config, model_tag = context.vllm_config, context.model_tag
         config = resolve_window_config(vllm_config, self.overrides)
@@ -151,12 +152,13 @@ class DraftWindowInductorPass(InductorPass):
             if config.draft_sink_size
             else {}
         )
-        op = torch.ops.vllm.unified_attention_with_output.default
+        op = seam.attention_op()
         new_op = attention_op.windowed_attention_op()
+        mla_op = seam.mla_attention_op()
         for node in list(graph.nodes):
             functionalized = node.op == "call_function" and node.target in _FUNCTIONALIZED
             target = node.args[0] if functionalized else node.target
-            if target is _mla_op():
+            if target is mla_op and mla_op is not None:
                 _warn_if_draft_mla(node, functionalized, layers, draft_graph, stats)
             if target is not op:
                 continue
@@ -243,11 +245,6 @@ def _retarget(
     sync_eager_input_vals(node, positions=(0,) if functionalized else (), names=tuple(extra))
 
 
-def _mla_op() -> Any:
-    mla = getattr(torch.ops.vllm, "unified_mla_attention_with_output", None)
-    return None if mla is None else mla.default
-
-
 def _warn_if_draft_mla(
     node: torch.fx.Node,
     functionalized: bool,
@@ -269,16 +266,11 @@ def _warn_if_draft_mla(
 
 def _layer_name(node: torch.fx.Node, functionalized: bool) -> Optional[str]:
     """The layer name a call reads: constant str/LayerName or hoisted LayerName input."""
-    if functionalized:
-        value = node.kwargs.get("layer_name")
-    else:
-        value = get_arg(node, 4, "layer_name")
+    value = seam.layer_name_value(node, functionalized)
     if isinstance(value, torch.fx.Node):
         value = value.meta.get("val")
         value = getattr(value, "real_obj", value)  # FakeScriptObject of a hoisted input
-    if isinstance(value, LayerName):
-        return value.value
-    return value if isinstance(value, str) else None
+    return seam.layer_name_str(value)
 
 
 def _static_layers(vllm_config: Any) -> dict[str, Any]:

@@ -56,18 +56,17 @@ attention (``W - K`` plus vLLM's in-flight tokens >= ``max_model_len``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any, Optional
 
-from dspark_compile.integrations.vllm import kv_spec, versions
+from dspark_compile.integrations.vllm import kv_spec, seam, versions
 from dspark_compile.integrations.vllm.config import _additional, resolve_window_config
 
 logger = logging.getLogger(__name__)
 
 OPT_OUT_KEY = "draft_window_kv_memory"
 BOUNDED_METHODS = ("draft_model", "eagle", "eagle3")
-_MARK = "_dspark_bounds_draft_kv"
+_MARK = seam.KV_SPEC_HOOK_MARK
 
 #: What the last ``bound_draft_kv_specs`` call did in this process (tests, logs).
 LAST_DECISION: dict[str, Any] = {}
@@ -102,9 +101,7 @@ def draft_layer_names(runner: Any) -> Optional[set[str]]:
     runner's ``drafter._draft_attn_layer_names``, the V2 runner's
     ``speculator.draft_attn_layer_names`` (both set when the drafter loads, before
     ``get_kv_cache_spec``)."""
-    names = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None)
-    if names is None:
-        names = getattr(getattr(runner, "speculator", None), "draft_attn_layer_names", None)
+    names = seam.drafter_attn_layer_names(runner)
     if names is None:
         return None
     return set(names)
@@ -130,12 +127,11 @@ def bound_draft_kv_specs(
         LAST_DECISION.clear()
         LAST_DECISION.update(bounded=False, reason=f"{OPT_OUT_KEY}=False")
         return specs
-    import vllm
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-
-    if not versions.is_tested_series(vllm.__version__):
+    FullAttentionSpec, SlidingWindowSpec = seam.kv_spec_classes()
+    version = seam.vllm_version()
+    if not versions.is_tested_series(version):
         _warn(
-            f"vLLM {vllm.__version__} is untested (tested: {', '.join(versions.TESTED)})",
+            f"vLLM {version} is untested (tested: {', '.join(versions.TESTED)})",
             config,
         )
         return specs
@@ -232,19 +228,15 @@ def bound_draft_kv_specs(
 
 
 def _wrap(runner_class: Any, draft_first: bool) -> None:
-    """Wrap ``runner_class.get_kv_cache_spec`` with :func:`bound_draft_kv_specs` (once)."""
-    original = runner_class.get_kv_cache_spec
-    if getattr(original, _MARK, False):
-        return
+    """Wrap ``runner_class.get_kv_cache_spec`` with :func:`bound_draft_kv_specs` (once;
+    ``seam.wrap_get_kv_cache_spec``)."""
 
-    @functools.wraps(original)
-    def get_kv_cache_spec(self):  # noqa: ANN001
+    def hook(runner: Any, specs: dict[str, Any]) -> dict[str, Any]:
         return bound_draft_kv_specs(
-            self.vllm_config, original(self), draft_layer_names(self), draft_first
+            runner.vllm_config, specs, draft_layer_names(runner), draft_first
         )
 
-    setattr(get_kv_cache_spec, _MARK, True)
-    runner_class.get_kv_cache_spec = get_kv_cache_spec
+    seam.wrap_get_kv_cache_spec(runner_class, hook)
 
 
 def install() -> bool:
@@ -257,21 +249,9 @@ def install() -> bool:
     (``spec_decode/speculator.py``, ``set_attn`` / ``_build_draft_attn_metadata``).
     False when this vLLM has neither (then the window bounds no memory, and the pass
     says so)."""
-    wrapped = False
-    try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    except Exception as error:  # noqa: BLE001  (0.34 removed it; or a platform without it)
-        logger.debug("dspark: no V1 GPUModelRunner (%s)", error)
-    else:
-        _wrap(GPUModelRunner, draft_first=True)
-        wrapped = True
-    try:
-        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
-    except Exception as error:  # noqa: BLE001  (no V2 runner in this vLLM)
-        logger.debug("dspark: no V2 model runner (%s)", error)
-    else:
-        _wrap(V2ModelRunner, draft_first=False)
-        wrapped = True
-    if not wrapped:
+    runners = seam.model_runner_classes()
+    for hook, runner in runners:
+        _wrap(runner, draft_first=hook == "v1_gpu_model_runner")
+    if not runners:
         logger.debug("dspark: no V1 or V2 model runner: draft KV memory hook not installed")
-    return wrapped
+    return bool(runners)

@@ -1,0 +1,175 @@
+"""Windowed vLLM metadata WITHOUT sinks (mechanism 2 of ``metadata``: bandwidth).
+
+Per request the KV before the block-aligned start of the token-exact window of its
+FIRST query token is cut away (``arithmetic.window.first_query_window_start``); the
+block table keeps ``first_query_window_columns`` columns and ``max_seq_len`` becomes
+``min(max_seq_len, windowed_len_bound(W, b, K, max_query_len))``. The backend's native
+window (``backends.set_native_window``) decides what each token reads.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from dspark_compile.arithmetic.window import (
+    first_query_window_columns,
+    first_query_window_start,
+    query_lens,
+    table_columns,
+    windowed_len_bound,
+)
+from dspark_compile.config import WindowSpec
+from dspark_compile.integrations.vllm.backends import (
+    check_supported,
+    cpu_scheduler_metadata,
+    is_causal,
+    metadata_backend,
+)
+
+
+class WindowBuffers:
+    """Persistent windowed ``seq_lens`` and block table of one KV-cache group.
+
+    Sized once, ``[max_num_reqs]`` and ``[max_num_reqs, table_width]`` (the
+    runner's full block-table width); never reallocated, so pointers captured
+    in CUDA graphs stay valid. A step that does not fit raises.
+    """
+
+    def __init__(
+        self,
+        max_num_reqs: int,
+        table_width: int,
+        device: torch.device,
+        seq_lens_dtype: torch.dtype,
+        table_dtype: torch.dtype,
+    ) -> None:
+        self.seq_lens = torch.zeros(max_num_reqs, dtype=seq_lens_dtype, device=device)
+        self.block_table = torch.zeros(max_num_reqs, table_width, dtype=table_dtype, device=device)
+
+    def check_fits(self, seq_lens: torch.Tensor, block_table: torch.Tensor) -> None:
+        num_reqs, width = block_table.shape
+        cap_reqs, cap_width = self.block_table.shape
+        if (
+            num_reqs > cap_reqs
+            or width > cap_width
+            or seq_lens.device != self.seq_lens.device
+            or seq_lens.dtype != self.seq_lens.dtype
+            or block_table.dtype != self.block_table.dtype
+        ):
+            raise RuntimeError(
+                f"draft window buffers ([{cap_reqs}, {cap_width}] {self.block_table.dtype} on "
+                f"{self.block_table.device}) cannot hold a step with {num_reqs} requests and a "
+                f"[{num_reqs}, {width}] {block_table.dtype} block table on {block_table.device}; "
+                "they are sized once from max_num_seqs and the first block table and never "
+                "reallocated (CUDA graphs keep their pointers)"
+            )
+
+
+def window_start(
+    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, spec: WindowSpec, causal: bool = True
+) -> torch.Tensor:
+    """Block-aligned window start per request (device, no sync).
+
+    Causal: the window of the request's FIRST query token, so every token of
+    the block keeps its own window. Non-causal (a DFlash-style block whose
+    queries all read the same keys): the window of the last token,
+    ``max(seq_len + K - W, 0)``. (``arithmetic.window.first_query_window_start``.)
+    """
+    num_reqs = seq_lens.shape[0]
+    if causal:
+        q_lens = query_lens(query_start_loc[: num_reqs + 1]).to(seq_lens.dtype)
+    else:
+        q_lens = torch.ones_like(seq_lens)
+    return first_query_window_start(seq_lens, q_lens, spec.tokens, spec.block_size)
+
+
+def window_columns(max_query_len: int, table_width: int, spec: WindowSpec) -> int:
+    """Columns of the windowed block table: enough for any request of the step
+    (``arithmetic.window.first_query_window_columns``)."""
+    return first_query_window_columns(spec.tokens, spec.block_size, max_query_len, table_width)
+
+
+def _window_table_torch(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    table: torch.Tensor,
+    spec: WindowSpec,
+    causal: bool,
+    new_lens: torch.Tensor,
+    new_table: torch.Tensor,
+) -> None:
+    """Windowed lengths into ``new_lens [R]`` and table into ``new_table [R, cols]``
+    (module doc; the reference of ``query_window_table_triton``)."""
+    width, cols = table.shape[1], new_table.shape[1]
+    start = window_start(seq_lens, query_start_loc, spec, causal)
+    torch.sub(seq_lens, start, out=new_lens)
+    offsets = torch.arange(cols, device=table.device, dtype=table.dtype)
+    start_block = torch.div(start, spec.block_size, rounding_mode="floor").to(table.dtype)
+    src = table_columns(offsets, start_block[:, None], None)
+    needed = torch.div(new_lens + spec.block_size - 1, spec.block_size, rounding_mode="floor").to(
+        table.dtype
+    )
+    valid = (offsets[None, :] < needed[:, None]) & (src < width)
+    gathered = torch.gather(table, 1, torch.clamp(src, max=width - 1).long())
+    torch.where(
+        valid, gathered, torch.zeros((), dtype=table.dtype, device=table.device), out=new_table
+    )
+
+
+def window_attention_metadata(
+    metadata: Any,
+    buffers: WindowBuffers,
+    spec: WindowSpec,
+    layer: Any = None,
+    query_dtype: torch.dtype | None = None,
+    use_triton: bool | None = None,
+) -> Any:
+    """Windowed shallow copy of a FlashAttention/Triton/CPU metadata object (module doc).
+
+    ``layer`` (the draft layer) and ``query_dtype`` are needed for CPU attention,
+    whose scheduler metadata is recomputed. ``use_triton`` (default: the table is on a
+    GPU) computes the windowed lengths and table in one Triton launch
+    (``kernels.window_metadata.query_window_table_triton``) instead of ~20 torch ops
+    (``_window_table_torch``, its reference): the same values, less host time per
+    draft call where the draft runs outside CUDA graphs.
+    """
+    backend = metadata_backend(metadata)
+    check_supported(metadata)
+    seq_lens, table = metadata.seq_lens, metadata.block_table
+    buffers.check_fits(seq_lens, table)
+    num_reqs, width = table.shape
+    causal = is_causal(metadata)
+    max_query_len = int(metadata.max_query_len) if causal else 1
+    cols = window_columns(max_query_len, width, spec)
+    new_lens = buffers.seq_lens[:num_reqs]
+    new_table = buffers.block_table[:num_reqs, :cols]
+    if width and (table.is_cuda if use_triton is None else use_triton):
+        from dspark_compile.kernels.window_metadata import query_window_table_triton
+
+        query_window_table_triton(
+            seq_lens,
+            metadata.query_start_loc,
+            table,
+            spec.tokens,
+            spec.block_size,
+            new_lens,
+            new_table,
+            causal,
+        )
+    else:
+        _window_table_torch(
+            seq_lens, metadata.query_start_loc, table, spec, causal, new_lens, new_table
+        )
+    out = copy.copy(metadata)
+    out.seq_lens = new_lens
+    out.block_table = new_table
+    bound = windowed_len_bound(spec.window_size, spec.block_size, spec.future_offset, max_query_len)
+    out.max_seq_len = min(int(metadata.max_seq_len), bound)
+    if backend == "FLASH_ATTN" and getattr(metadata, "scheduler_metadata", None) is not None:
+        out.scheduler_metadata = None
+    if backend == "CPU_ATTN":
+        out.scheduler_metadata = cpu_scheduler_metadata(out, layer, spec, query_dtype)
+    return out
