@@ -15,9 +15,9 @@ model's forward).
 
 ``resolve_compile_context`` is the one function the pass asks: it returns the context
 set by ``override_compile_context`` (tests, runner integrations that know their
-config), else resolves it once per compile (per Dynamo compile id: the pass's
-``uuid()`` and every graph of that compile share one resolution) and walks the stack
-again only for compiles outside Dynamo (vLLM's lazy piecewise compiles).
+config), else resolves it once per compile (per Dynamo compile: the pass's ``uuid()``
+and every graph of that compile share one resolution) and walks the stack again only
+for compiles outside Dynamo (vLLM's lazy piecewise compiles).
 """
 
 from __future__ import annotations
@@ -87,14 +87,16 @@ def override_compile_context(context: Optional[CompileContext]) -> Iterator[None
 
 def resolve_compile_context() -> Optional[CompileContext]:
     """The compile context of the model being compiled (``find_compile_context``), or the
-    one set by ``override_compile_context``; resolved once per Dynamo compile id."""
+    one set by ``override_compile_context``; resolved once per Dynamo compile (keyed by
+    the identity of Dynamo's own per-compile context object, which a new compile, also
+    after ``torch._dynamo.reset()``, replaces)."""
     override = _override()
     if override is not _UNSET:
         return override
-    compile_id = _DynamoCompileContext.current_compile_id()
+    dynamo = _DynamoCompileContext.try_get()
     memo = getattr(_STATE, "memo", None)
-    if compile_id is not None and memo is not None and memo[0] == compile_id:
+    if dynamo is not None and memo is not None and memo[0] is dynamo:
         return memo[1]
     context = find_compile_context()
-    _STATE.memo = (compile_id, context) if compile_id is not None else None
+    _STATE.memo = (dynamo, context) if dynamo is not None else None
     return context

@@ -152,6 +152,7 @@ class DraftWindowInductorPass(seam.InductorPass):
             if config.draft_sink_size
             else {}
         )
+        seam.require("unified_attention_with_output")
         op = seam.attention_op()
         new_op = attention_op.windowed_attention_op()
         mla_op = seam.mla_attention_op()

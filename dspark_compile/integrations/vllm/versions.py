@@ -60,9 +60,9 @@ def check_vllm_version(version: Optional[str] = None) -> bool:
     """Warn (once per call site) when the running vLLM is outside ``SUPPORTED``; returns
     whether it is inside. ``version`` defaults to ``vllm.__version__``."""
     if version is None:
-        import vllm
+        from dspark_compile.integrations.vllm.seam import vllm_version
 
-        version = vllm.__version__
+        version = vllm_version()
     if is_supported(version):
         return True
     logger.warning(
