@@ -117,6 +117,24 @@ def test_functional_api_rejects_bad_sizes(bad):
         window.max_window_blocks(8, bad)
 
 
+def test_adapter_is_deprecated_with_a_message_naming_the_replacements():
+    with pytest.warns(DeprecationWarning) as record:
+        SlidingWindowAdapter(window_size=32, block_size=8, max_num_reqs=4)
+    message = str(record[0].message)
+    assert "SlidingWindowAdapter is deprecated" in message
+    assert "integrations.vllm.StepWindows" in message
+    assert "window_seq_lens_and_block_table" in message
+
+
+def test_adapter_validates_the_window_through_window_spec():
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ValueError, match="future_offset=32 must be < window_size=32"),
+    ):
+        SlidingWindowAdapter(window_size=32, block_size=8, max_num_reqs=4, future_offset=32)
+
+
+@pytest.mark.filterwarnings("ignore:SlidingWindowAdapter is deprecated:DeprecationWarning")
 def test_adapter_reuses_its_buffer_and_keeps_the_full_table():
     adapter = SlidingWindowAdapter(window_size=32, block_size=8, max_num_reqs=4)
     ptr = adapter.block_table_buffer.data_ptr()

@@ -1,14 +1,22 @@
-"""Run-time draft window for runner integrations (the vLLM route; outside torch.compile).
+"""DEPRECATED run-time draft window for runner integrations (outside torch.compile).
 
-``SlidingWindowAdapter`` windows attention metadata on every step with the
-arithmetic of ``dspark_compile.arithmetic.window`` (the definition of correct),
-or with one fused Triton launch (``kernels.window_metadata``) on CUDA. See
-docs/design.md, "Two window mechanisms".
+``SlidingWindowAdapter`` windows per-request (decode / non-causal) metadata on every
+step with the arithmetic of ``dspark_compile.arithmetic.window`` (the definition of
+correct), or with one fused Triton launch (``kernels.window_metadata``) on CUDA.
+
+The vLLM route never used it: its run-time window is
+``integrations.vllm.StepWindows`` (token exact, per forward step, with sinks), the one
+run-time window kept (issue 39). Constructing an adapter warns (``DeprecationWarning``,
+``DEPRECATION``); its results are unchanged. Other runners call
+``arithmetic.window.window_seq_lens_and_block_table`` (or
+``kernels.window_metadata.window_metadata_triton(..., out_table=)``) into their own
+persistent buffer, which is all the adapter does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Optional
 
 import torch
@@ -22,6 +30,14 @@ from dspark_compile.arithmetic.window import (
 )
 from dspark_compile.config import DraftWindowConfig, WindowSpec
 from dspark_compile.validation import check_int
+
+DEPRECATION = (
+    "SlidingWindowAdapter is deprecated and will be removed: the vLLM route's run-time "
+    "window is dspark_compile.integrations.vllm.StepWindows; other runner integrations "
+    "call dspark_compile.arithmetic.window.window_seq_lens_and_block_table (or "
+    "dspark_compile.kernels.window_metadata.window_metadata_triton with out_table=) into "
+    "their own persistent block-table buffer (the same values)"
+)
 
 
 @dataclasses.dataclass
@@ -52,7 +68,7 @@ class SlidingWindowAdapter:
     ``slot_mapping`` is never touched. ``sink_size`` S: the first ``ceil(S / b)``
     blocks stay visible beside the window (attention sinks; 0: none).
     ``fused``: one Triton launch instead of ~8 torch ops; ``None`` = on CUDA
-    tensors only.
+    tensors only. Deprecated (module doc): construction warns.
     """
 
     def __init__(
@@ -66,6 +82,7 @@ class SlidingWindowAdapter:
         fused: Optional[bool] = None,
         sink_size: int = 0,
     ) -> None:
+        warnings.warn(DEPRECATION, DeprecationWarning, stacklevel=2)
         check_int("max_num_reqs", max_num_reqs)
         self.fused = fused
         self.max_window_blocks = max_window_blocks(window_size, block_size, sink_size=sink_size)
