@@ -90,9 +90,14 @@ def test_editing_a_helper_changes_every_uuid(tmp_path, original, relative, old, 
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (the [vllm] extra)")
-def test_editing_the_vllm_integration_changes_only_the_vllm_uuid(tmp_path, original):
+@pytest.mark.parametrize(
+    "module",
+    # the route's modules after the split of metadata.py (issue 39), and the seam
+    ["config.py", "seam.py", "backends.py", "token_window.py", "sink_window.py", "step_windows.py"],
+)
+def test_editing_the_vllm_integration_changes_only_the_vllm_uuid(tmp_path, original, module):
     root = _copy(tmp_path, "edited")
-    path = root / "dspark_compile" / "integrations" / "vllm" / "config.py"
+    path = root / "dspark_compile" / "integrations" / "vllm" / module
     path.write_text(path.read_text() + "\n# edited\n")
     edited = _uuids(root)
     assert edited["vllm"] != original["vllm"]
