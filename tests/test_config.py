@@ -90,3 +90,37 @@ def test_sink_size_is_part_of_the_hashed_config():
     )
     assert plain.as_dict()["draft_sink_size"] == 0 and sinks.as_dict()["draft_sink_size"] == 16
     assert plain != sinks and hash(plain) != hash(sinks)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((0, 0, 16), r"window_size=0 is invalid: expected a positive int"),
+        ((True, 0, 16), r"window_size=True is invalid"),
+        ((64, -1, 16), r"future_offset=-1 is invalid: expected an int >= 0"),
+        ((64, 64, 16), r"future_offset=64 must be < window_size=64"),
+        ((64, 3, 0), r"block_size=0 must be positive"),
+        ((64, 3, 16, -1), r"sink_size=-1 is invalid: expected a non-negative int"),
+    ],
+)
+def test_window_spec_validates_once_naming_argument_value_and_range(args, match):
+    from dspark_compile.config import WindowSpec
+
+    with pytest.raises(ValueError, match=match):
+        WindowSpec(*args)
+
+
+def test_window_spec_from_config_and_its_tokens():
+    from dspark_compile.config import WindowSpec
+
+    config = DraftWindowConfig(
+        draft_window_size=64, method="eagle3", num_speculative_tokens=3, draft_sink_size=5
+    )
+    spec = WindowSpec.from_config(config, block_size=16)
+    assert spec == WindowSpec(64, 3, 16, 5) and spec.tokens == 61
+    own_b = DraftWindowConfig(draft_window_size=8, block_size=4)
+    assert WindowSpec.from_config(own_b, block_size=16).block_size == 4
+    with pytest.raises(ValueError, match="block_size=None is invalid"):
+        WindowSpec.from_config(DraftWindowConfig(draft_window_size=64))
+    with pytest.raises(ValueError, match="window is off"):
+        WindowSpec.from_config(DraftWindowConfig(), block_size=16)

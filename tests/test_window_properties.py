@@ -167,3 +167,36 @@ def test_packed_form_equals_the_two_tensor_form(case, seed):
     # full table falls back to two tensors).
     if table.shape[1] > 0:
         assert got_len.data_ptr() == got_table.data_ptr() + got_table.numel() * 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), min_size=1, max_size=6),
+    st.integers(1, 300),
+    st.integers(0, 5),
+    st.integers(1, 32),
+)
+def test_first_query_window_is_token_exact_and_fits_its_columns(requests, size, k, block):
+    """``first_query_window_start`` by position: every query ``p`` of the request keeps
+    its last ``W - K`` keys ``[max(p + 1 - n, 0), p]`` (n = W - K), ``start`` is block
+    aligned and at most ``b - 1`` below the first query's; with ``q >= 1`` it is
+    ``compute_window``'s first-query start (shown for K = 0, where the two agree); the
+    windowed table fits ``first_query_window_columns`` columns."""
+    k = min(k, size - 1)
+    n = size - k
+    seq = torch.tensor([max(s, q) for s, q in requests], dtype=torch.int32)
+    q_lens = torch.tensor([q for _, q in requests], dtype=torch.int32)
+    start = window.first_query_window_start(seq, q_lens, n, block).tolist()
+    max_q = int(q_lens.max())
+    cols = window.first_query_window_columns(n, block, max_q, 10**6)
+    for s, q, lo in zip(seq.tolist(), q_lens.tolist(), start):
+        first = s - q  # position of the first query (s for q = 0)
+        exact = max(first + 1 - n, 0)
+        assert lo % block == 0 and exact - block < lo <= exact
+        assert -(-(s - lo) // block) <= cols
+        assert s - lo <= window.windowed_len_bound(size, block, k, max(max_q, 1))
+        if q >= 1:
+            want = window.compute_window(
+                torch.tensor([s]), n, block, 0, query_lens=torch.tensor([q]), max_query_len=q
+            ).start
+            assert lo == int(want)
