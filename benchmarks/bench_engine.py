@@ -33,7 +33,7 @@ repeat's tokens against ``nospec``'s.
 ``--families draft_model`` / ``--families eagle`` / ``--families eagle3`` split the sweep
 (later calls can reuse the first call's ``nospec`` cells with ``--baseline FIRST.json``);
 ``--max-seconds`` stops cleanly (no new engine or cell past it; results so far written).
-``--our-loop`` also runs the project's own loop (``dspark_compile.speculative``) on
+``--our-loop`` also runs the project's own loop (``dspark_research.speculative``) on
 the same weights and prompts (greedy, batch 1) and reports its tau beside vLLM's.
 ``--plot-only RESULT.json`` rewrites the markdown table and the PNG (needs matplotlib).
 """
@@ -693,11 +693,11 @@ def _peak_memory() -> Optional[int]:
 
 # ---------------------------------------------------------------- our own loop (item 5)
 def run_our_loop(spec_path: Path, out_path: Path) -> None:
-    """Greedy tau of ``dspark_compile.speculative``'s loop on the exported weights."""
+    """Greedy tau of ``dspark_research.speculative``'s loop on the exported weights."""
     import torch
 
-    from dspark_compile.speculative import hf_export
-    from dspark_compile.speculative.loop import SpeculativeDecoder, compile_draft
+    from dspark_research.speculative import hf_export
+    from dspark_research.speculative.loop import SpeculativeDecoder, compile_draft
 
     spec = json.loads(spec_path.read_text())
     device = torch.device(spec["device"])
@@ -865,7 +865,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--our-loop",
         action="store_true",
-        help="also run dspark_compile.speculative's loop (greedy, batch 1)",
+        help="also run dspark_research.speculative's loop (greedy, batch 1)",
     )
     parser.add_argument(
         "--our-loop-only",
@@ -1028,7 +1028,7 @@ def main(argv=None) -> int:
         result["notes"].append(
             "our loop: not run for "
             + ", ".join(f for f in families if f not in OUR_LOOP_FAMILIES)
-            + " (dspark_compile.speculative's loop runs draft_model and eagle drafts only)"
+            + " (dspark_research.speculative's loop runs draft_model and eagle drafts only)"
         )
     if args.our_loop:
         remaining = deadline - time.time()

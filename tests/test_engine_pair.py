@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_compile.speculative import hf_export
-from dspark_compile.speculative.lm import LMConfig, TransformerLM, shift_features
+from dspark_research.speculative import hf_export
+from dspark_research.speculative.lm import LMConfig, TransformerLM, shift_features
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -76,7 +76,7 @@ def test_eagle_export_matches_vllm_layout_built_from_transformers(tmp_path):
     target = _perturbed(TransformerLM(CFG, seed=0)).eval()
     eagle_cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1, "feature_size": CFG.hidden_size})
     eagle = _perturbed(hf_export.vllm_eagle_lm(eagle_cfg, seed=2)).eval()
-    from dspark_compile.speculative.training import tie_eagle_to_target
+    from dspark_research.speculative.training import tie_eagle_to_target
 
     tie_eagle_to_target(eagle, target)
     hf_export.export_eagle(eagle, tmp_path / "e", max_position_embeddings=512, training_context=64)
@@ -123,7 +123,7 @@ def test_vllm_eagle_lm_refuses_a_feature_size_other_than_hidden():
 
 
 def _eagle3_pair(aux=(1,)):
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     target = _perturbed(TransformerLM(CFG, seed=0)).eval()
     cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1})
@@ -184,7 +184,7 @@ def _vllm_eagle3_reference(state, config, embed, tokens, hidden, start=0):
 def test_eagle3_export_is_vllms_layout_and_round_trips(tmp_path):
     from safetensors.torch import load_file
 
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     target, draft = _eagle3_pair(aux=(1,))
     eagle3.export_eagle3(draft, tmp_path / "e3", max_position_embeddings=512, training_context=64)
@@ -235,7 +235,7 @@ def test_eagle3_export_is_vllms_layout_and_round_trips(tmp_path):
 def test_eagle3_unrolled_step_is_vllms_second_draft_step():
     """Step 2 at slot j (position j + 1) = one more causal position after step 1's slots
     0..j, fed the draft's own pre-norm hidden: what vLLM's second draft step computes."""
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     target, draft = _eagle3_pair(aux=(1,))
     gen = torch.Generator().manual_seed(7)
@@ -256,8 +256,8 @@ def test_eagle3_unrolled_step_is_vllms_second_draft_step():
 
 
 def test_eagle3_training_lowers_both_steps_losses():
-    from dspark_compile.speculative import eagle3
-    from dspark_compile.speculative.training import TrainSpec
+    from dspark_research.speculative import eagle3
+    from dspark_research.speculative.training import TrainSpec
 
     target, draft = _eagle3_pair(aux=(1,))
     target.requires_grad_(False)
@@ -276,7 +276,7 @@ def test_eagle3_training_lowers_both_steps_losses():
 def test_soft_cross_entropy_is_cross_entropy_against_the_teachers_distribution():
     import torch.nn.functional as F
 
-    from dspark_compile.speculative.training import soft_cross_entropy
+    from dspark_research.speculative.training import soft_cross_entropy
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 5, 11, generator=gen) * 3
@@ -296,8 +296,8 @@ def test_soft_cross_entropy_is_cross_entropy_against_the_teachers_distribution()
 def test_distillation_reads_the_teachers_distribution_at_the_predicted_position():
     """train_lm's teacher loss: the teacher's logits on the same inputs; EAGLE3's step s at
     slot p (reads x[p + s], predicts x[p + s + 1]): the target's logits at position p + s."""
-    from dspark_compile.speculative import eagle3, training
-    from dspark_compile.speculative.training import soft_cross_entropy
+    from dspark_research.speculative import eagle3, training
+    from dspark_research.speculative.training import soft_cross_entropy
 
     target, draft = _eagle3_pair(aux=(1,))
     gen = torch.Generator().manual_seed(11)
@@ -328,7 +328,7 @@ def test_distillation_reads_the_teachers_distribution_at_the_predicted_position(
 
 
 def test_eagle3_bad_input_names_the_argument():
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1})
     with pytest.raises(ValueError, match=r"aux_layer_ids=\[0, 1\] is invalid: expected"):
