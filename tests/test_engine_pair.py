@@ -9,6 +9,7 @@ on the exported checkpoint agree to 1e-5 in fp32; the EAGLE draft in vLLM's
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -357,7 +358,7 @@ def test_eagle3_bad_input_names_the_argument():
     assert eagle3.default_aux_layer_ids(3) == (1, 2)
 
 
-# ---------------------------------------------------------------- bench_engine pure parts
+# ------------------------------ bench_engine: its report (bench_engine_report.py), engine config
 class _Counter:
     def __init__(self, name, value):
         self.name, self.value = name, value
@@ -385,8 +386,31 @@ def _metrics(drafts, accepted, per_pos, ttft=(0, 0.0), itl=(0, 0.0)):
     ]
 
 
+def test_the_report_half_needs_no_engine():
+    """bench_engine_report.py imports neither vLLM nor torch (its tables are made from the
+    cells alone, e.g. by ``--plot-only`` on a machine without an engine); bench_engine.py
+    uses its functions, not copies."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import bench_engine_report; "
+        "print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "benchmarks")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    import bench_engine
+    import bench_engine_report
+
+    for name in ("snapshot", "delta", "cell_stats", "check_lossless", "summarize", "markdown"):
+        assert getattr(bench_engine, name) is getattr(bench_engine_report, name)
+
+
 def test_metric_differencing_gives_the_cells_own_counts():
-    import bench_engine as be
+    import bench_engine_report as be
 
     before = be.snapshot(_metrics(10, 20, [8, 7, 5], ttft=(2, 1.0), itl=(50, 0.5)))
     after = be.snapshot(_metrics(30, 50, [26, 19, 5], ttft=(4, 1.6), itl=(150, 1.5)))
@@ -404,7 +428,7 @@ def test_metric_differencing_gives_the_cells_own_counts():
 
 
 def test_no_speculation_cells_have_no_acceptance():
-    import bench_engine as be
+    import bench_engine_report as be
 
     s = be.cell_stats(
         be.delta({}, be.snapshot([_Hist("vllm:time_to_first_token_seconds", 1, 0.2)])), 5
@@ -436,7 +460,7 @@ def _cell(
 
 
 def test_summary_pools_acceptance_and_spreads_tokens_per_s_and_checks_losslessness():
-    import bench_engine as be
+    import bench_engine_report as be
 
     cells = [
         _cell("nospec", 64, 0, 100.0, 0, 0, [], tokens=[[1, 2, 3]]),
@@ -527,7 +551,7 @@ def test_an_engine_that_started_late_still_times_its_first_cell():
 
 
 def test_ratio_table_is_tokens_per_s_over_the_same_draft_without_the_window():
-    import bench_engine as be
+    import bench_engine_report as be
 
     cells = [
         _cell("nospec", 64, 0, 100.0, 0, 0, []),
