@@ -216,8 +216,8 @@ def run_study_report_command(args: argparse.Namespace) -> int:
 
 
 def run_pair_demo_command(pair_dir: Optional[Path], lowering: str = "aot_eager") -> int:
-    """The demo's acceptance part (``tools/pair_demo.py``); skipped with a note when the
-    default pair is absent (an installed wheel carries no checkpoints). ``aot_eager``:
+    """The demo's acceptance part (``dspark_research/pair_demo.py``); skipped with a note
+    when the default pair (``tests_engine/data/trained_pair``) is absent. ``aot_eager``:
     the window's arithmetic is the same under every lowering, and it compiles fastest."""
     from dspark_research.pair_demo import PAIR_DIR, pair_contexts, run_pair_demo
 
