@@ -27,7 +27,7 @@ sinks     windowed decode with attention sinks (``--sink-size``, tokens; default
           (decode form: fused metadata + attention; per-token causal form:
           ``causal_window_metadata`` + attention with ``kv_offset``/``sink_size``)
 
-``main(argv)`` is the entry point (``dspark-compile bench`` calls it).
+``main(argv)`` is the entry point (``python -m dspark_research bench`` calls it).
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ class Results:
 
 
 def _environment() -> dict:
-    from dspark_compile.tools.provenance import provenance
+    # dspark_research lives in the checkout, beside benchmarks/ (not in the wheel)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from dspark_research.provenance import provenance
 
     return {
         **provenance(),

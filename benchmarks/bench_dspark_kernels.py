@@ -713,7 +713,9 @@ def main(argv=None) -> int:
 
     # The launcher logs when a shape does not fit and a smaller one runs instead.
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
-    from dspark_compile.tools.provenance import provenance
+    # dspark_research lives in the checkout, beside benchmarks/ (not in the wheel)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from dspark_research.provenance import provenance
 
     RESULTS["environment"] = {**provenance(), "config": vars(args)}
     sections = args.sections.split(",")

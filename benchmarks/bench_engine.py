@@ -33,9 +33,12 @@ repeat's tokens against ``nospec``'s.
 ``--families draft_model`` / ``--families eagle`` / ``--families eagle3`` split the sweep
 (later calls can reuse the first call's ``nospec`` cells with ``--baseline FIRST.json``);
 ``--max-seconds`` stops cleanly (no new engine or cell past it; results so far written).
-``--our-loop`` also runs the project's own loop (``dspark_compile.speculative``) on
+``--our-loop`` also runs the project's own loop (``dspark_research.speculative``) on
 the same weights and prompts (greedy, batch 1) and reports its tau beside vLLM's.
 ``--plot-only RESULT.json`` rewrites the markdown table and the PNG (needs matplotlib).
+
+This file holds the engine workers and the sweep; the tables, ratios and plot made from
+the recorded cells are ``benchmarks/bench_engine_report.py`` (no engine, no vLLM).
 """
 
 from __future__ import annotations
@@ -45,18 +48,30 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
-SETTINGS = ("nospec", "off", "w1x", "w2x", "native")
+# The tables, ratios and plot from the cells (no engine): bench_engine_report.py.
+from bench_engine_report import (  # noqa: E402
+    SETTINGS,
+    _fmt,
+    cell_stats,
+    check_lossless,
+    delta,
+    markdown,
+    plot,
+    snapshot,
+    summarize,
+)
+
 FAMILIES = ("draft_model", "eagle", "eagle3")
 #: family -> (the pair's checkpoint directory, vLLM speculative method)
 FAMILY_DRAFTS = {
@@ -67,363 +82,12 @@ FAMILY_DRAFTS = {
 #: families whose engines run vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)
 V1_RUNNER_FAMILIES = ("eagle3",)
 OUR_LOOP_FAMILIES = ("draft_model", "eagle")
-SPEC_PREFIX = "vllm:spec_decode"
-HISTOGRAMS = {
-    "ttft": "vllm:time_to_first_token_seconds",
-    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-    "decode": "vllm:request_decode_time_seconds",
-    "e2e": "vllm:e2e_request_latency_seconds",
-}
 ENGINE_START_ESTIMATE_S = 60.0
 OUR_LOOP_RESERVE_S = 100.0
 
 
 def log(msg: str) -> None:
     print(f"[bench_engine {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ---------------------------------------------------------------- pure parts (unit-tested)
-def snapshot(metrics: Iterable) -> dict:
-    """vLLM ``llm.get_metrics()`` -> ``{name: int | list[int] | {"count", "sum"}}``
-    (counters summed over label sets; vectors element-wise; histograms count and sum)."""
-    out: dict = {}
-    for m in metrics:
-        name = m.name
-        if hasattr(m, "values"):  # Vector
-            prev = out.get(name, [0] * len(m.values))
-            out[name] = [a + b for a, b in zip(prev, m.values)] if prev else list(m.values)
-        elif hasattr(m, "buckets"):  # Histogram
-            prev = out.get(name, {"count": 0, "sum": 0.0})
-            out[name] = {"count": prev["count"] + m.count, "sum": prev["sum"] + m.sum}
-        elif hasattr(m, "value"):  # Counter / Gauge
-            out[name] = out.get(name, 0) + m.value
-    return out
-
-
-def delta(before: dict, after: dict) -> dict:
-    """``after - before`` of two :func:`snapshot` dicts (names in ``after``)."""
-    out: dict = {}
-    for name, value in after.items():
-        old = before.get(name)
-        if isinstance(value, list):
-            old = old or [0] * len(value)
-            old = old + [0] * (len(value) - len(old))
-            out[name] = [a - b for a, b in zip(value, old)]
-        elif isinstance(value, dict):
-            old = old or {"count": 0, "sum": 0.0}
-            out[name] = {"count": value["count"] - old["count"], "sum": value["sum"] - old["sum"]}
-        else:
-            out[name] = value - (old or 0)
-    return out
-
-
-def _hist_mean(d: dict, names) -> Optional[float]:
-    for name in (names,) if isinstance(names, str) else names:
-        h = d.get(name)
-        if h and h["count"] > 0:
-            return h["sum"] / h["count"]
-    return None
-
-
-def cell_stats(d: dict, num_spec: int) -> dict:
-    """Speculative and latency statistics of one cell from its metric :func:`delta`."""
-    drafts = d.get(f"{SPEC_PREFIX}_num_drafts", 0)
-    accepted = d.get(f"{SPEC_PREFIX}_num_accepted_tokens", 0)
-    per_pos = d.get(f"{SPEC_PREFIX}_num_accepted_tokens_per_pos") or [0] * num_spec
-    return {
-        "drafts": drafts,
-        "accepted": accepted,
-        "draft_tokens": d.get(f"{SPEC_PREFIX}_num_draft_tokens", 0),
-        "accepted_per_pos": per_pos,
-        "acceptance_length": 1.0 + accepted / drafts if drafts else None,
-        "acceptance_per_pos": [a / drafts for a in per_pos] if drafts else None,
-        "ttft_s": _hist_mean(d, HISTOGRAMS["ttft"]),
-        "itl_s": _hist_mean(d, HISTOGRAMS["itl"]),
-        "decode_s": _hist_mean(d, HISTOGRAMS["decode"]),
-        "e2e_s": _hist_mean(d, HISTOGRAMS["e2e"]),
-    }
-
-
-def _mean_std(values: list) -> tuple[Optional[float], Optional[float]]:
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-CELL_KEYS = ("family", "setting", "context", "batch", "temperature")
-
-
-def summarize(cells: list[dict]) -> list[dict]:
-    """One row per (family, setting, context, batch, temperature): mean and std over
-    repeats of tokens/s, TTFT, ITL; acceptance pooled over the repeats' drafts."""
-    groups: dict = {}
-    for c in cells:
-        groups.setdefault(tuple(c[k] for k in CELL_KEYS), []).append(c)
-    rows = []
-    for key, group in groups.items():
-        row = dict(zip(CELL_KEYS, key))
-        row["window"] = group[0].get("window")
-        row["repeats"] = len(group)
-        for name in ("tokens_per_s", "decode_tokens_per_s", "ttft_s", "itl_s"):
-            row[name], row[name + "_std"] = _mean_std([c.get(name) for c in group])
-        drafts = sum(c.get("drafts") or 0 for c in group)
-        accepted = sum(c.get("accepted") or 0 for c in group)
-        row["acceptance_length"] = 1.0 + accepted / drafts if drafts else None
-        row["acceptance_length_std"] = _mean_std([c.get("acceptance_length") for c in group])[1]
-        if drafts:
-            width = max(len(c.get("accepted_per_pos") or []) for c in group)
-            pos = [
-                sum((c.get("accepted_per_pos") or [0] * width)[i] for c in group)
-                for i in range(width)
-            ]
-            row["acceptance_per_pos"] = [p / drafts for p in pos]
-        else:
-            row["acceptance_per_pos"] = None
-        checked = [c["lossless"] for c in group if c.get("lossless") is not None]
-        row["lossless"] = all(checked) if checked else None
-        rows.append(row)
-    order = {s: i for i, s in enumerate(SETTINGS)}
-    rows.sort(
-        key=lambda r: (
-            r["family"],
-            r["batch"],
-            r["temperature"],
-            order.get(r["setting"], 9),
-            r["context"],
-        )
-    )
-    return rows
-
-
-def check_lossless(cells: list[dict]) -> None:
-    """Mark greedy speculative cells that kept tokens ``lossless``: their tokens equal the
-    ``nospec`` cell of the same context, batch and repeat (batch 1: repeat r runs prompt r;
-    batch B: only repeat 0 keeps tokens)."""
-    ref = {
-        (c["context"], c["batch"], c["repeat"]): c["tokens"]
-        for c in cells
-        if c["setting"] == "nospec" and c["temperature"] == 0 and c.get("tokens") is not None
-    }
-    for c in cells:
-        if c["setting"] == "nospec" or c["temperature"] != 0 or c.get("tokens") is None:
-            continue
-        base = ref.get((c["context"], c["batch"], c["repeat"]))
-        if base is None:
-            continue
-        same = [a == b for a, b in zip(c["tokens"], base)]
-        c["lossless"] = all(same) and len(c["tokens"]) == len(base)
-        c["lossless_requests"] = f"{sum(same)}/{len(base)}"
-
-
-def _fmt(value, std=None, digits=2) -> str:
-    if value is None:
-        return "-"
-    text = f"{value:.{digits}f}"
-    return text + (f" +- {std:.{digits}f}" if std else "")
-
-
-def ratio_lines(rows: list[dict], contexts: list[int]) -> list[str]:
-    """Markdown: each setting's output tokens/s over the same draft without the window
-    (``off``) and over no speculation, per family / batch / temperature and context."""
-    by = {(r["family"], r["batch"], r["temperature"], r["setting"], r["context"]): r for r in rows}
-    nospec = {
-        (r["batch"], r["temperature"], r["context"]): r for r in rows if r["setting"] == "nospec"
-    }
-    lines = [
-        "## Output tokens/s ratios (x: over `off`, the same draft without the window; "
-        "vs nospec: over no speculation)",
-        "",
-        "| family | batch | T | setting | " + " | ".join(map(str, contexts)) + " |",
-        "|---|---:|---:|---|" + "---:|" * len(contexts),
-    ]
-    keys = sorted(
-        {k[:4] for k in by if k[3] not in ("nospec", "off")},
-        key=lambda k: (k[0], k[1], k[2], SETTINGS.index(k[3])),
-    )
-    for family, batch, temperature, setting in keys:
-        cells = []
-        for c in contexts:
-            r = by.get((family, batch, temperature, setting, c))
-            off = by.get((family, batch, temperature, "off", c))
-            base = nospec.get((batch, temperature, c))
-            if not r or not r.get("tokens_per_s"):
-                cells.append("")
-                continue
-            parts = []
-            if off and off.get("tokens_per_s"):
-                parts.append(f"{r['tokens_per_s'] / off['tokens_per_s']:.2f}x")
-            if base and base.get("tokens_per_s"):
-                parts.append(f"vs nospec {r['tokens_per_s'] / base['tokens_per_s']:.2f}")
-            cells.append(", ".join(parts))
-        lines.append(
-            f"| {family} | {batch} | {temperature} | {setting} | " + " | ".join(cells) + " |"
-        )
-    return lines + [""]
-
-
-def markdown(result: dict) -> str:
-    """The result's tables: tokens/s and acceptance length per context, per family/batch/T."""
-    meta = result["meta"]
-    rows = result["summary"]
-    contexts = sorted({r["context"] for r in rows})
-    lines = [
-        f"# vLLM engine benchmark of the draft window ({meta.get('device', '?')})",
-        "",
-        f"{meta.get('date_utc')}; git {meta.get('git_commit')}; "
-        + ", ".join(f"{k} {v}" for k, v in sorted(meta.get("versions", {}).items()))
-        + ".",
-        f"Pair: {meta.get('pair')}; drafts trained at {meta.get('draft_context')} tokens, "
-        f"target at {meta.get('target_context')}; K={meta.get('num_speculative_tokens')}, "
-        f"{meta.get('new_tokens')} new tokens per request, dtype {meta.get('dtype')}, "
-        f"max_model_len {meta.get('max_model_len')}; mean +- std over "
-        f"{meta.get('repeats')} repeats.",
-        "",
-    ]
-    for title, key, digits in (
-        ("Output tokens/s (all requests, wall time of generate)", "tokens_per_s", 0),
-        ("Mean acceptance length (1 + accepted / drafts)", "acceptance_length", 2),
-        ("TTFT (s)", "ttft_s", 3),
-        ("ITL (ms)", "itl_ms", 2),
-    ):
-        lines += [
-            f"## {title}",
-            "",
-            "| family | batch | T | setting | " + " | ".join(map(str, contexts)) + " |",
-            "|---|---:|---:|---|" + "---:|" * len(contexts),
-        ]
-        seen = []
-        for r in rows:
-            k = (r["family"], r["batch"], r["temperature"], r["setting"])
-            if k not in seen:
-                seen.append(k)
-        for k in seen:
-            cells = []
-            for c in contexts:
-                match = [
-                    r
-                    for r in rows
-                    if (r["family"], r["batch"], r["temperature"], r["setting"]) == k
-                    and r["context"] == c
-                ]
-                if not match:
-                    cells.append("")
-                    continue
-                r = match[0]
-                if key == "itl_ms":
-                    v = r["itl_s"] * 1e3 if r["itl_s"] is not None else None
-                    s = r["itl_s_std"] * 1e3 if r["itl_s_std"] else None
-                else:
-                    v, s = r.get(key), r.get(key + "_std")
-                text = _fmt(v, s, digits)
-                if key == "acceptance_length" and r.get("lossless") is False:
-                    text += " (not lossless)"
-                cells.append(text)
-            lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ratio_lines(rows, contexts)
-    lines += [
-        "## Engines",
-        "",
-        "| family | setting | window | start s | KV cache tokens | KV cache groups "
-        "| peak GPU memory GiB | cells |",
-        "|---|---|---:|---:|---:|---|---:|---:|",
-    ]
-    for e in result.get("engines", []):
-        mem = e.get("peak_memory_bytes")
-        window = e.get("window") or (
-            f"sliding_window {e['sliding_window']}" if e.get("sliding_window") else "-"
-        )
-        lines.append(
-            f"| {e['family']} | {e['setting']} | {window} | "
-            f"{_fmt(e.get('init_s'), None, 0)} | {e.get('kv_cache_tokens') or '-'} | "
-            f"{', '.join(e.get('kv_cache_groups') or []) or '-'} | "
-            f"{_fmt(mem / 2**30 if mem else None)} | {e.get('cells', 0)} |"
-        )
-    loop = result.get("our_loop")
-    if loop:
-        lines += [
-            "",
-            "## Our loop vs vLLM (greedy, batch 1, same weights and prompts)",
-            "",
-            "| family | setting | context | tau (our loop) | acceptance length (vLLM) |",
-            "|---|---|---:|---:|---:|",
-        ]
-        vllm_rows = {
-            (r["family"], r["setting"], r["context"]): r
-            for r in rows
-            if r["batch"] == 1 and r["temperature"] == 0
-        }
-        for r in loop:
-            v = vllm_rows.get((r["family"], r["setting"], r["context"]))
-            lines.append(
-                f"| {r['family']} | {r['setting']} | {r['context']} | "
-                f"{_fmt(r['tau'])} | {_fmt(v['acceptance_length'] if v else None)} |"
-            )
-    if result.get("notes"):
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
-    return "\n".join(lines) + "\n"
-
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in result["summary"] if r["temperature"] == 0]
-    if not rows:
-        return
-    families = sorted({r["family"] for r in rows if r["setting"] != "nospec"}) or ["draft_model"]
-    batches = sorted({r["batch"] for r in rows})
-    fig, axes = plt.subplots(
-        2,
-        max(1, len(families) * len(batches)),
-        squeeze=False,
-        figsize=(5 * len(families) * len(batches), 8),
-    )
-    for col, (family, batch) in enumerate((f, b) for f in families for b in batches):
-        for setting in SETTINGS:
-            sel = sorted(
-                (
-                    r
-                    for r in rows
-                    if r["batch"] == batch
-                    and r["setting"] == setting
-                    and (r["family"] == family or setting == "nospec")
-                ),
-                key=lambda r: r["context"],
-            )
-            if not sel:
-                continue
-            xs = [r["context"] for r in sel]
-            axes[0][col].errorbar(
-                xs,
-                [r["tokens_per_s"] or 0 for r in sel],
-                yerr=[r["tokens_per_s_std"] or 0 for r in sel],
-                marker="o",
-                label=setting,
-                capsize=3,
-            )
-            if setting != "nospec":
-                axes[1][col].plot(
-                    xs, [r["acceptance_length"] or 0 for r in sel], marker="o", label=setting
-                )
-        for ax, ylabel in (
-            (axes[0][col], "output tokens/s"),
-            (axes[1][col], "mean acceptance length"),
-        ):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("context (prompt tokens)")
-            ax.set_ylabel(ylabel)
-            ax.set_title(f"{family}, batch {batch}, greedy")
-            ax.grid(alpha=0.3)
-            ax.legend()
-    fig.suptitle(
-        f"draft window in vLLM: {result['meta'].get('device')}, {result['meta'].get('date_utc')}"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 # ---------------------------------------------------------------- engine worker
@@ -693,11 +357,11 @@ def _peak_memory() -> Optional[int]:
 
 # ---------------------------------------------------------------- our own loop (item 5)
 def run_our_loop(spec_path: Path, out_path: Path) -> None:
-    """Greedy tau of ``dspark_compile.speculative``'s loop on the exported weights."""
+    """Greedy tau of ``dspark_research.speculative``'s loop on the exported weights."""
     import torch
 
-    from dspark_compile.speculative import hf_export
-    from dspark_compile.speculative.loop import SpeculativeDecoder, compile_draft
+    from dspark_research.speculative import hf_export
+    from dspark_research.speculative.loop import SpeculativeDecoder, compile_draft
 
     spec = json.loads(spec_path.read_text())
     device = torch.device(spec["device"])
@@ -865,7 +529,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--our-loop",
         action="store_true",
-        help="also run dspark_compile.speculative's loop (greedy, batch 1)",
+        help="also run dspark_research.speculative's loop (greedy, batch 1)",
     )
     parser.add_argument(
         "--our-loop-only",
@@ -1028,7 +692,7 @@ def main(argv=None) -> int:
         result["notes"].append(
             "our loop: not run for "
             + ", ".join(f for f in families if f not in OUR_LOOP_FAMILIES)
-            + " (dspark_compile.speculative's loop runs draft_model and eagle drafts only)"
+            + " (dspark_research.speculative's loop runs draft_model and eagle drafts only)"
         )
     if args.our_loop:
         remaining = deadline - time.time()

@@ -114,7 +114,9 @@ def main(argv=None) -> int:
     ones = torch.ones(reqs, device="cuda")
     mixed = torch.where(torch.arange(reqs, device="cuda") % 3 == 0, 0.0, 0.8)
     fixed = FixedBias(head(anchors).detach())
-    from dspark_compile.tools.provenance import provenance
+    # dspark_research lives in the checkout, beside benchmarks/ (not in the wheel)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from dspark_research.provenance import provenance
 
     results = {**provenance(), "baseline": args.baseline, "rows": []}
 

@@ -396,7 +396,9 @@ def main(argv=None) -> int:
     # every request's rows point at request 0's slots: 2056 rows, 2.4 MB, stays in L2
     resident = rows[: size.q_len].repeat(size.requests, 1)
     row_bytes = (lora + 64) * kv_cache.element_size()
-    from dspark_compile.tools.provenance import provenance
+    # dspark_research lives in the checkout, beside benchmarks/ (not in the wheel)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from dspark_research.provenance import provenance
 
     results = {**provenance(), "read_ceiling_GBps": ceiling, "rows": []}
     kv = kv_cache.reshape(-1, kv_cache.shape[-1])

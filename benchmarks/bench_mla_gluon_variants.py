@@ -78,7 +78,9 @@ def main(argv=None) -> int:
         variants["baseline file, its default launch"] = lambda idx: old._launch(
             query, kv_cache, idx, scale
         )
-    from dspark_compile.tools.provenance import provenance
+    # dspark_research lives in the checkout, beside benchmarks/ (not in the wheel)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from dspark_research.provenance import provenance
 
     results = {**provenance(), "baseline": args.baseline, "rows": []}
     for rows, idx in index_sets.items():

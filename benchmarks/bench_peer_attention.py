@@ -603,7 +603,10 @@ def main(argv=None) -> int:
         return 2
 
     import dspark_compile  # noqa: F401
-    from dspark_compile.tools.provenance import provenance
+
+    # dspark_research lives in the checkout, beside benchmarks/ (not in the wheel)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from dspark_research.provenance import provenance
 
     env = provenance()
     env["flush"] = args.flush

@@ -3,7 +3,7 @@
 Three steps, each a subcommand (``python benchmarks/smollm2_pair.py STEP --pair DIR``):
 
 - ``prepare [--gguf FILE] [--prompts FILE]``: ``DIR/target`` (the HF checkpoint of
-  ``benchmarks/smollm2.py``), the corpus (``dspark_compile.speculative.corpus``: this
+  ``benchmarks/smollm2.py``), the corpus (``dspark_research.speculative.corpus``: this
   Python's stdlib source) tokenized with SmolLM2's tokenizer, files joined by its EOS id
   (``DIR/tokens.pt``: ``train`` / ``eval`` int64 ids), and ``DIR/prompts.json``: held-out
   windows of ``CONTEXTS`` tokens (``--prompts`` reuses another machine's file, so every
@@ -44,10 +44,10 @@ import smollm2  # noqa: E402
 import torch  # noqa: E402
 from train_engine_pair import git_commit, held_out_prompts, log, versions  # noqa: E402
 
-from dspark_compile.speculative import eagle3 as eagle3_lib, hf_export  # noqa: E402
-from dspark_compile.speculative.corpus import SEPARATOR, load_corpus  # noqa: E402
-from dspark_compile.speculative.lm import TransformerLM  # noqa: E402
-from dspark_compile.speculative.training import TrainSpec, eval_loss, train_lm  # noqa: E402
+from dspark_research.speculative import eagle3 as eagle3_lib, hf_export  # noqa: E402
+from dspark_research.speculative.corpus import SEPARATOR, load_corpus  # noqa: E402
+from dspark_research.speculative.lm import TransformerLM  # noqa: E402
+from dspark_research.speculative.training import TrainSpec, eval_loss, train_lm  # noqa: E402
 
 DRAFT_CONTEXT = 512
 CONTEXTS = (512, 1024, 2048, 4096, 8192)
@@ -102,7 +102,7 @@ def prepare(args) -> int:
             json.dumps(
                 {
                     "seed": 7,
-                    "source": "held-out split of dspark_compile.speculative.corpus "
+                    "source": "held-out split of dspark_research.speculative.corpus "
                     f"(eval_fraction 0.05), SmolLM2 tokens ({smollm2.GGUF_NAME})",
                     "python": corpus.python_version,
                     "prompts": {str(k): v for k, v in prompts.items()},

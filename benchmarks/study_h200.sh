@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The acceptance study at the h200 scale on one CUDA GPU (what produced
 # benchmarks/results/2026-11-30/*-study-h200.*): trains the target and both drafts (a few
-# minutes), then runs `dspark-compile study`. Writes study.json (after every
-# cell), study.md, study.png (when matplotlib is there) and study.log to OUT_DIR.
+# minutes), then runs `python -m dspark_research study` (the checkout's research
+# package). Writes study.json (after every cell), study.md, study.png (when matplotlib
+# is there) and study.log to OUT_DIR.
 # Usage: bash benchmarks/study_h200.sh [OUT_DIR] [extra `study` options]
 #
 # SETTINGS (study --settings keys) picks the settings; the default is the
@@ -23,11 +24,13 @@ if [ "$settings" != "all" ]; then
 fi
 mkdir -p "$out"
 python="${PYTHON:-python3}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # dspark_research: not in the wheel
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   "$python" -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$out/study.log"
-"$python" -m dspark_compile study --scale h200 --out-dir "$out" \
+"$python" -m dspark_research study --scale h200 --out-dir "$out" \
   --checkpoint "${CHECKPOINT:-/tmp/dspark_study_h200.pt}" ${settings_args[@]+"${settings_args[@]}"} "$@" 2>&1 \
   | tee -a "$out/study.log"

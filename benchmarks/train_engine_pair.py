@@ -13,7 +13,7 @@
 - ``DIR/eagle3``: an EAGLE3 draft in vLLM's ``Eagle3LlamaForCausalLM`` layout (method
   ``eagle3``; ``fc`` over the target's aux hidden states, ``midlayer.*``, ``norm``, own
   ``lm_head``; embedding shared from the target), trained on those aux states with an
-  unrolled second step (``dspark_compile.speculative.eagle3``), trained last;
+  unrolled second step (``dspark_research.speculative.eagle3``), trained last;
 - ``DIR/prompts.json``: held-out prompts (token ids = bytes) per context, the same
   for vLLM (``benchmarks/bench_engine.py``) and our loop;
 - ``DIR/train_report.json``: losses, held-out loss per context, seeds, durations,
@@ -22,8 +22,8 @@
 The drafts are trained at ``draft_context``, >= 16x shorter than the longest
 evaluated context; their ``config.json`` names it (``dspark_training_context``) and
 sets ``max_position_embeddings`` to the target's (see
-``dspark_compile.speculative.hf_export`` for why). Fixed seeds; the corpus's
-held-out split (``dspark_compile.speculative.corpus``). ``--time-budget`` (seconds of
+``dspark_research.speculative.hf_export`` for why). Fixed seeds; the corpus's
+held-out split (``dspark_research.speculative.corpus``). ``--time-budget`` (seconds of
 training in all) is split over the phases by ``BUDGET_SHARES``; a phase that runs
 out stops early and says so (``steps_done < steps`` in the report).
 ``--eagle3-only`` trains and exports only ``DIR/eagle3`` against an existing
@@ -47,11 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from dspark_compile.speculative import eagle3 as eagle3_lib, hf_export  # noqa: E402
-from dspark_compile.speculative.corpus import load_corpus, random_windows  # noqa: E402
-from dspark_compile.speculative.lm import LMConfig, TransformerLM  # noqa: E402
-from dspark_compile.speculative.scales import H200_TARGET, eagle_config  # noqa: E402
-from dspark_compile.speculative.training import (  # noqa: E402
+from dspark_research.speculative import eagle3 as eagle3_lib, hf_export  # noqa: E402
+from dspark_research.speculative.corpus import load_corpus, random_windows  # noqa: E402
+from dspark_research.speculative.lm import LMConfig, TransformerLM  # noqa: E402
+from dspark_research.speculative.scales import H200_TARGET, eagle_config  # noqa: E402
+from dspark_research.speculative.training import (  # noqa: E402
     TrainSpec,
     eval_loss,
     tie_eagle_to_target,
@@ -155,8 +155,8 @@ PROMPT_SEED = 7
 
 def git_commit() -> str:
     """The exact tree measured: HEAD's hash, ``HASH+diff.SHA12`` when tracked files differ
-    from it (``dspark_compile.tools.provenance.git_state``), "unknown" outside git."""
-    from dspark_compile.tools.provenance import git_state
+    from it (``dspark_research.provenance.git_state``), "unknown" outside git."""
+    from dspark_research.provenance import git_state
 
     return git_state(Path(__file__).resolve().parent.parent)["tree"] or "unknown"
 
@@ -405,7 +405,7 @@ def main(argv=None) -> int:
         json.dumps(
             {
                 "seed": PROMPT_SEED,
-                "source": "held-out split of dspark_compile.speculative.corpus "
+                "source": "held-out split of dspark_research.speculative.corpus "
                 "(eval_fraction 0.05); token id = byte",
                 "python": corpus.python_version,
                 "prompts": {str(k): v for k, v in prompts.items()},

@@ -9,14 +9,15 @@ on the exported checkpoint agree to 1e-5 in fp32; the EAGLE draft in vLLM's
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from dspark_compile.speculative import hf_export
-from dspark_compile.speculative.lm import LMConfig, TransformerLM, shift_features
+from dspark_research.speculative import hf_export
+from dspark_research.speculative.lm import LMConfig, TransformerLM, shift_features
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -76,7 +77,7 @@ def test_eagle_export_matches_vllm_layout_built_from_transformers(tmp_path):
     target = _perturbed(TransformerLM(CFG, seed=0)).eval()
     eagle_cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1, "feature_size": CFG.hidden_size})
     eagle = _perturbed(hf_export.vllm_eagle_lm(eagle_cfg, seed=2)).eval()
-    from dspark_compile.speculative.training import tie_eagle_to_target
+    from dspark_research.speculative.training import tie_eagle_to_target
 
     tie_eagle_to_target(eagle, target)
     hf_export.export_eagle(eagle, tmp_path / "e", max_position_embeddings=512, training_context=64)
@@ -123,7 +124,7 @@ def test_vllm_eagle_lm_refuses_a_feature_size_other_than_hidden():
 
 
 def _eagle3_pair(aux=(1,)):
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     target = _perturbed(TransformerLM(CFG, seed=0)).eval()
     cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1})
@@ -184,7 +185,7 @@ def _vllm_eagle3_reference(state, config, embed, tokens, hidden, start=0):
 def test_eagle3_export_is_vllms_layout_and_round_trips(tmp_path):
     from safetensors.torch import load_file
 
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     target, draft = _eagle3_pair(aux=(1,))
     eagle3.export_eagle3(draft, tmp_path / "e3", max_position_embeddings=512, training_context=64)
@@ -235,7 +236,7 @@ def test_eagle3_export_is_vllms_layout_and_round_trips(tmp_path):
 def test_eagle3_unrolled_step_is_vllms_second_draft_step():
     """Step 2 at slot j (position j + 1) = one more causal position after step 1's slots
     0..j, fed the draft's own pre-norm hidden: what vLLM's second draft step computes."""
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     target, draft = _eagle3_pair(aux=(1,))
     gen = torch.Generator().manual_seed(7)
@@ -256,8 +257,8 @@ def test_eagle3_unrolled_step_is_vllms_second_draft_step():
 
 
 def test_eagle3_training_lowers_both_steps_losses():
-    from dspark_compile.speculative import eagle3
-    from dspark_compile.speculative.training import TrainSpec
+    from dspark_research.speculative import eagle3
+    from dspark_research.speculative.training import TrainSpec
 
     target, draft = _eagle3_pair(aux=(1,))
     target.requires_grad_(False)
@@ -276,7 +277,7 @@ def test_eagle3_training_lowers_both_steps_losses():
 def test_soft_cross_entropy_is_cross_entropy_against_the_teachers_distribution():
     import torch.nn.functional as F
 
-    from dspark_compile.speculative.training import soft_cross_entropy
+    from dspark_research.speculative.training import soft_cross_entropy
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 5, 11, generator=gen) * 3
@@ -296,8 +297,8 @@ def test_soft_cross_entropy_is_cross_entropy_against_the_teachers_distribution()
 def test_distillation_reads_the_teachers_distribution_at_the_predicted_position():
     """train_lm's teacher loss: the teacher's logits on the same inputs; EAGLE3's step s at
     slot p (reads x[p + s], predicts x[p + s + 1]): the target's logits at position p + s."""
-    from dspark_compile.speculative import eagle3, training
-    from dspark_compile.speculative.training import soft_cross_entropy
+    from dspark_research.speculative import eagle3, training
+    from dspark_research.speculative.training import soft_cross_entropy
 
     target, draft = _eagle3_pair(aux=(1,))
     gen = torch.Generator().manual_seed(11)
@@ -328,7 +329,7 @@ def test_distillation_reads_the_teachers_distribution_at_the_predicted_position(
 
 
 def test_eagle3_bad_input_names_the_argument():
-    from dspark_compile.speculative import eagle3
+    from dspark_research.speculative import eagle3
 
     cfg = LMConfig(**{**CFG.__dict__, "num_layers": 1})
     with pytest.raises(ValueError, match=r"aux_layer_ids=\[0, 1\] is invalid: expected"):
@@ -357,7 +358,7 @@ def test_eagle3_bad_input_names_the_argument():
     assert eagle3.default_aux_layer_ids(3) == (1, 2)
 
 
-# ---------------------------------------------------------------- bench_engine pure parts
+# ------------------------------ bench_engine: its report (bench_engine_report.py), engine config
 class _Counter:
     def __init__(self, name, value):
         self.name, self.value = name, value
@@ -385,8 +386,31 @@ def _metrics(drafts, accepted, per_pos, ttft=(0, 0.0), itl=(0, 0.0)):
     ]
 
 
+def test_the_report_half_needs_no_engine():
+    """bench_engine_report.py imports neither vLLM nor torch (its tables are made from the
+    cells alone, e.g. by ``--plot-only`` on a machine without an engine); bench_engine.py
+    uses its functions, not copies."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import bench_engine_report; "
+        "print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "benchmarks")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    import bench_engine
+    import bench_engine_report
+
+    for name in ("snapshot", "delta", "cell_stats", "check_lossless", "summarize", "markdown"):
+        assert getattr(bench_engine, name) is getattr(bench_engine_report, name)
+
+
 def test_metric_differencing_gives_the_cells_own_counts():
-    import bench_engine as be
+    import bench_engine_report as be
 
     before = be.snapshot(_metrics(10, 20, [8, 7, 5], ttft=(2, 1.0), itl=(50, 0.5)))
     after = be.snapshot(_metrics(30, 50, [26, 19, 5], ttft=(4, 1.6), itl=(150, 1.5)))
@@ -404,7 +428,7 @@ def test_metric_differencing_gives_the_cells_own_counts():
 
 
 def test_no_speculation_cells_have_no_acceptance():
-    import bench_engine as be
+    import bench_engine_report as be
 
     s = be.cell_stats(
         be.delta({}, be.snapshot([_Hist("vllm:time_to_first_token_seconds", 1, 0.2)])), 5
@@ -436,7 +460,7 @@ def _cell(
 
 
 def test_summary_pools_acceptance_and_spreads_tokens_per_s_and_checks_losslessness():
-    import bench_engine as be
+    import bench_engine_report as be
 
     cells = [
         _cell("nospec", 64, 0, 100.0, 0, 0, [], tokens=[[1, 2, 3]]),
@@ -527,7 +551,7 @@ def test_an_engine_that_started_late_still_times_its_first_cell():
 
 
 def test_ratio_table_is_tokens_per_s_over_the_same_draft_without_the_window():
-    import bench_engine as be
+    import bench_engine_report as be
 
     cells = [
         _cell("nospec", 64, 0, 100.0, 0, 0, []),

@@ -16,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 import dspark_compile  # noqa: F401  (registers torch.ops.dspark)
 from dspark_compile.arithmetic import window
 from dspark_compile.kernels.paged_attention import paged_attention_ref
-from dspark_compile.kernels.paged_attention_triton import choose_launch, paged_attention_triton
+from dspark_compile.kernels.paged_attention_launch import choose_launch
+from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
 from tests.dense_sink_oracle import dense_sink_attention, random_window_cases
 

@@ -1,10 +1,18 @@
 """The package's layers (docs/design.md, "Layers"): no module imports from a layer below it
-in the list, i.e. nothing reaches up, so there are no import cycles between layers."""
+in the list, i.e. nothing reaches up, so there are no import cycles between layers. The
+installed packages (``dspark_compile``, ``dspark_compile_vllm``) never import the
+checkout's research package (``dspark_research``) nor reach into the checkout by path."""
 
 import ast
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "dspark_compile"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dspark_compile"
+INSTALLED = ("dspark_compile", "dspark_compile_vllm")
+RESEARCH = "dspark_research"
 
 # Lower number = lower layer; a module may import only from its own layer or lower ones.
 LAYERS = {
@@ -24,7 +32,6 @@ LAYERS = {
     "testing": 8,
     "__main__": 8,
     "integrations.depyf_dump": 8,
-    "speculative": 8,
     "__init__": 9,
 }
 
@@ -105,3 +112,85 @@ def test_no_import_cycles():
         if module not in state:
             visit(module, [module])
     assert not cycles, "\n".join(cycles)
+
+
+def research_imports(source: str) -> list[str]:
+    """The ``dspark_research`` modules ``source`` imports, anywhere in it (lazily too)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [n for n in names if n == RESEARCH or n.startswith(RESEARCH + ".")]
+    return found
+
+
+def _installed_files():
+    for package in INSTALLED:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def test_the_installed_packages_never_import_the_research_package():
+    violations = {
+        str(path.relative_to(ROOT)): research_imports(path.read_text())
+        for path in _installed_files()
+    }
+    assert {k: v for k, v in violations.items() if v} == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from dspark_research.speculative.loop import SpeculativeDecoder\n",
+        "def f():\n    import dspark_research.pair_demo\n",
+        "import dspark_research\n",
+    ],
+)
+def test_negative_control_a_research_import_is_caught(source):
+    assert research_imports(source)
+    assert not research_imports(source.replace("dspark_research", "dspark_compile"))
+
+
+def reaches_out(path: Path, package_root: Path) -> list[int]:
+    """``parents[N]`` of ``Path(__file__)`` in ``path`` that leave ``package_root``."""
+    depth = len(path.relative_to(package_root).parts) - 1  # parents[depth] = package_root
+    text = path.read_text()
+    found = [int(n) for n in re.findall(r"__file__\)\.resolve\(\)\.parents\[(\d+)\]", text)]
+    return [n for n in found if n > depth]
+
+
+def test_the_installed_packages_do_not_reach_into_the_checkout():
+    """A wheel holds no ``benchmarks/``, ``tests_engine/`` or research code: no module of
+    it finds files above its own package by ``Path(__file__).parents``."""
+    violations = {
+        str(path.relative_to(ROOT)): reaches_out(path, ROOT / path.relative_to(ROOT).parts[0])
+        for path in _installed_files()
+    }
+    assert {k: v for k, v in violations.items() if v} == {}
+
+
+def test_negative_control_reaching_into_the_checkout_is_caught(tmp_path):
+    module = tmp_path / "dspark_compile" / "tools" / "x.py"
+    module.parent.mkdir(parents=True)
+    module.write_text('P = Path(__file__).resolve().parents[2] / "benchmarks"\n')
+    assert reaches_out(module, tmp_path / "dspark_compile") == [2]
+    module.write_text("P = Path(__file__).resolve().parents[1]\n")  # the package itself
+    assert reaches_out(module, tmp_path / "dspark_compile") == []
+
+
+def test_the_wheel_does_not_package_the_research_code():
+    """``[tool.setuptools.packages.find]`` of pyproject.toml selects the installed packages
+    only (a wheel built from it holds no ``dspark_research``)."""
+    import setuptools
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = setuptools.find_packages(str(ROOT), **find["packages"]["find"])
+    assert {p.split(".")[0] for p in found} == set(INSTALLED), found
+    assert RESEARCH in setuptools.find_packages(str(ROOT))  # control: it is a package here

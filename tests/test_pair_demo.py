@@ -2,7 +2,7 @@
 
 import pytest
 
-from dspark_compile.tools.pair_demo import PAIR_DIR, _row, pair_contexts, run_pair_demo
+from dspark_research.pair_demo import PAIR_DIR, _row, pair_contexts, run_pair_demo
 
 pytest.importorskip("safetensors")
 
@@ -30,7 +30,7 @@ def test_bad_context_and_missing_pair_name_the_argument(tmp_path):
 
 
 def _runs(*token_lists):
-    from dspark_compile.speculative.loop import SpecResult
+    from dspark_research.speculative.loop import SpecResult
 
     return [SpecResult(list(t), [1, 0], 5, 4, 0.0, 0.0, 0.0, 0.0, 0.0, len(t)) for t in token_lists]
 
@@ -53,7 +53,7 @@ def test_negative_control_a_wrong_target_reference_is_caught(monkeypatch):
     decode replaced by one whose last token is off by one: ``tokens_equal`` turns False,
     so the demo's comparison does read the target's own decode (the unpatched run is the
     first test's)."""
-    from dspark_compile.speculative import loop
+    from dspark_research.speculative import loop
 
     real = loop.target_greedy_decode
 

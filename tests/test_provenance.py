@@ -3,7 +3,7 @@ beside date, device and versions."""
 
 import subprocess
 
-from dspark_compile.tools.provenance import CHECKOUT, git_state, provenance
+from dspark_research.provenance import CHECKOUT, git_state, provenance
 
 
 def _git(root, *args):

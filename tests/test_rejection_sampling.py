@@ -9,7 +9,7 @@ position 2 are compared with the target's by a chi-square test.
 
 import torch
 
-from dspark_compile.speculative import rejection_sample
+from dspark_research.speculative import rejection_sample
 
 VOCAB, K, STREAMS, POSITIONS = 4, 3, 40_000, 3
 # chi-square critical values at p = 1e-4: df = 15 -> 44.3, df = 3 -> 21.1

@@ -154,6 +154,7 @@ EDITED = [
     "kernels/window_metadata.py",
     "kernels/__init__.py",
     "kernels/paged_attention_triton.py",
+    "kernels/paged_attention_launch.py",
     "ops/paged_attention.py",
     "config.py",
     "validation.py",

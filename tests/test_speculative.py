@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from dspark_compile.speculative import (
+from dspark_research.speculative import (
     LMConfig,
     PagedKVCache,
     SpeculativeDecoder,

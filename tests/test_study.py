@@ -5,13 +5,13 @@ import json
 import pytest
 import torch
 
-from dspark_compile.speculative.checks import goal_check
-from dspark_compile.speculative.corpus import is_held_out, load_corpus, random_windows
-from dspark_compile.speculative.lm import LMConfig, TransformerLM
-from dspark_compile.speculative.scales import SCALES
-from dspark_compile.speculative.study import run_study
-from dspark_compile.speculative.training import TrainSpec, eval_loss, train_lm
-from dspark_compile.tools import cli
+from dspark_research import cli
+from dspark_research.speculative.checks import goal_check
+from dspark_research.speculative.corpus import is_held_out, load_corpus, random_windows
+from dspark_research.speculative.lm import LMConfig, TransformerLM
+from dspark_research.speculative.scales import SCALES
+from dspark_research.speculative.study import run_study
+from dspark_research.speculative.training import TrainSpec, eval_loss, train_lm
 
 
 def test_corpus_split_is_deterministic_and_disjoint():
@@ -129,7 +129,7 @@ def test_study_settings_filter(capsys):
 
 
 def test_goal_check_ignores_sink_rows_and_sink_check_compares_them():
-    from dspark_compile.speculative.checks import sink_check
+    from dspark_research.speculative.checks import sink_check
 
     rows = [
         {

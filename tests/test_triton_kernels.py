@@ -15,11 +15,8 @@ from dspark_compile.arithmetic.window import (
     max_window_blocks,
 )
 from dspark_compile.kernels.paged_attention import paged_attention_ref
-from dspark_compile.kernels.paged_attention_triton import (
-    choose_launch,
-    paged_attention_triton,
-    wave_fit_splits,
-)
+from dspark_compile.kernels.paged_attention_launch import choose_launch, wave_fit_splits
+from dspark_compile.kernels.paged_attention_triton import paged_attention_triton
 from dspark_compile.kernels.window_metadata import window_metadata_triton
 from dspark_compile.models import make_paged_batch, random_kv_cache
 from dspark_compile.runtime.sliding_window import SlidingWindowAdapter
@@ -168,7 +165,10 @@ def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
     straight to the shape that fit on the next call."""
     import triton
 
-    from dspark_compile.kernels import paged_attention_triton as pat
+    from dspark_compile.kernels import (
+        paged_attention_launch as policy,
+        paged_attention_triton as pat,
+    )
 
     batch, q, kc, vc = _batch([37, 9, 64], [1, 1, 1], 4, 8, 2, 16, torch.float32, 3)
     args = (q, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc, 0.25, True)
@@ -182,7 +182,7 @@ def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
         return real_launch(cfg, *rest)
 
     monkeypatch.setattr(pat, "_launch", small_gpu)
-    monkeypatch.setattr(pat, "_FITTED_SHAPES", {})
+    monkeypatch.setattr(policy, "_FITTED_SHAPES", {})
     _assert_close(_run(*args, block_n=16, num_stages=5), want, torch.float32)
     assert tried == [(16, 5), (16, 4), (16, 3), (16, 2)]
     tried.clear()
@@ -198,7 +198,7 @@ def test_launch_that_does_not_fit_retries_smaller_and_remembers(monkeypatch):
     with pytest.raises(triton.runtime.errors.OutOfResources):
         _run(*args, block_n=32, num_stages=2)
     assert tried == [(32, 2), (32, 1), (16, 2), (16, 1)]
-    assert pat.smaller_tile(16, 1) is None
+    assert policy.smaller_tile(16, 1) is None
 
 
 def test_launch_knobs_shape_the_grid():

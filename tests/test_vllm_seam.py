@@ -167,6 +167,32 @@ def test_the_compile_context_can_be_injected():
         DraftWindowInductorPass(draft_window_size=64, method="dflash").apply(graph)
 
 
+def test_the_vllm_pass_leaves_one_record_with_its_details():
+    """Calling the vLLM pass (as vLLM does) leaves ONE ``PassRecord`` per graph in the
+    shared record: its counters and, with the window on, the model tag, the rewritten
+    layers and the resolved window (what the engine tier's probe reads)."""
+    from dspark_compile.passes.record import clear_pass_records, pass_records
+
+    config = _draft_config(80)
+    the_pass = DraftWindowInductorPass(method="dflash")
+    clear_pass_records()
+    with override_compile_context(CompileContext(config, "draft_model", "test")):
+        graph, _ = one_call_graph(DRAFT_TRITON)
+        the_pass(graph)
+    (record,) = pass_records()
+    assert record.pass_name == the_pass.name
+    assert record.stats["rewritten"] == 1
+    assert record.details["model_tag"] == "draft_model"
+    assert record.details["rewritten_layers"] == [DRAFT_TRITON]
+    assert record.details["window"]["draft_window_size"] == 80
+    # Window off: still one record (counters), no details.
+    clear_pass_records()
+    graph, _ = one_call_graph(DRAFT_TRITON)
+    DraftWindowInductorPass(method="dflash")(graph)  # no config: the window is off
+    (off,) = pass_records()
+    assert off.details == {} and off.stats["rewritten"] == 0
+
+
 class _DraftModel(torch.nn.Module):
     """Stands for a @support_torch_compile draft: vLLM sets both attributes."""
 

@@ -145,11 +145,18 @@ def _record(name: str, impl: Any, attn_metadata: Any) -> None:
 
 def report(worker: Any) -> dict[str, Any]:
     from dspark_compile.integrations.vllm.attention_op import STEP_WINDOWS
-    from dspark_compile.integrations.vllm.inductor_pass import PASS_RECORDS
+    from dspark_compile.passes import stats as keys
+    from dspark_compile.passes.record import pass_records
 
+    # The vLLM pass's records with the window on (details set): one per graph.
+    records = [
+        {**r.details, **r.stats}
+        for r in pass_records()
+        if r.pass_name == keys.VLLM_DRAFT_WINDOW_PASS and r.details
+    ]
     return {
         "calls": CALLS,
-        "pass_records": PASS_RECORDS,
+        "pass_records": records,
         "stats": dataclasses.asdict(STEP_WINDOWS.stats),
         "layers": sorted(_static_layers(worker)),
     }

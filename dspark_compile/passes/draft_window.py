@@ -75,6 +75,13 @@ class DraftWindowPass(GraphPass):
     """
 
     name = keys.DRAFT_WINDOW_PASS
+    stat_keys = (
+        keys.ATTENTION_CALLS,
+        keys.REWRITTEN,
+        keys.WINDOW_COMPUTATIONS,
+        keys.HOST_MIRRORS_WINDOWED,
+        keys.UPPER_BOUNDS_WINDOWED,
+    )  # and keys.WITH_SINKS when draft_sink_size > 0
 
     def __init__(self, config: DraftWindowConfig, decompositions: str = "inductor") -> None:
         if decompositions not in DECOMPOSITION_MODES:
@@ -97,16 +104,8 @@ class DraftWindowPass(GraphPass):
         return inductor_decompositions() if self.decompositions == "inductor" else None
 
     def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
-        stats = keys.new_stats(
-            keys.ATTENTION_CALLS,
-            keys.REWRITTEN,
-            keys.WINDOW_COMPUTATIONS,
-            keys.HOST_MIRRORS_WINDOWED,
-            keys.UPPER_BOUNDS_WINDOWED,
-        )
         sink_size = self.window_config.draft_sink_size
-        if sink_size:
-            stats[keys.WITH_SINKS] = 0
+        stats = self.new_stats(*((keys.WITH_SINKS,) if sink_size else ()))
         specs = attention_op_specs()
         calls = find_calls(graph, specs)
         stats[keys.ATTENTION_CALLS] = len(calls)

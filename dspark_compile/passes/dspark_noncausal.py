@@ -45,6 +45,7 @@ class DSparkNonCausalIndexPass(GraphPass):
     """Replace causal sparse-MLA index generation with the DSpark non-causal block form."""
 
     name = keys.NONCAUSAL_INDEX_PASS
+    stat_keys = (keys.INDEX_CALLS, keys.REWRITTEN, keys.WINDOWED, keys.WITH_SINKS)
 
     def __init__(self, config: DraftWindowConfig) -> None:
         self.window_config = config
@@ -55,7 +56,7 @@ class DSparkNonCausalIndexPass(GraphPass):
     def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
         causal_op = torch.ops.dspark.swa_indices.default
         noncausal_op = torch.ops.dspark.noncausal_swa_indices.default
-        stats = keys.new_stats(keys.INDEX_CALLS, keys.REWRITTEN, keys.WINDOWED, keys.WITH_SINKS)
+        stats = self.new_stats()
         calls = find_calls(graph, [causal_op])
         stats[keys.INDEX_CALLS] = len(calls)
         if self.window_config.method != "dspark":

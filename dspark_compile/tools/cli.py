@@ -1,20 +1,19 @@
-"""``dspark-compile``: the command line (demo, inspect, check-ascend, bench, study).
+"""``dspark-compile``: the command line (demo, inspect, check-ascend).
 
 Every command runs on the built-in reference draft by default (CPU). Bad
-input exits with status 2 and one message; a failed check exits with 1.
+input exits with status 2 and one message; a failed check exits with 1. The research
+commands (study, bench, the demo's acceptance part) live in the source checkout's
+``dspark_research`` package, which builds its command line from the pieces here.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
-from pathlib import Path
-from typing import Optional, Sequence, TextIO
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 PROG = "dspark-compile"
-BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_draft_window.py"
 
 
 class UsageError(Exception):
@@ -51,7 +50,7 @@ class TextProgress:
             self.stream.flush()
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -69,47 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = commands.add_parser(
-        "demo",
-        help="window the reference DFlash draft, check it and time it",
-        description="Compile the built-in 4-layer DFlash reference draft with and without the "
-        "draft KV window, check both against eager references and time a draft step.",
-    )
-    demo.add_argument(
-        "--contexts",
-        type=_positive_int,
-        nargs="+",
-        default=[1024, 4096, 16384],
-        help="context lengths to run, in tokens (default: 1024 4096 16384)",
-    )
-    demo.add_argument(
-        "--window", type=_positive_int, default=512, help="draft_window_size W (default: 512)"
-    )
-    _add_sink_arg(demo)
-    demo.add_argument(
-        "--requests", type=_positive_int, default=4, help="requests per batch (default: 4)"
-    )
-    demo.add_argument("--lowering", choices=["inductor", "aot_eager"], default="inductor")
-    demo.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    demo.add_argument(
-        "--pair-dir",
-        type=Path,
-        default=None,
-        help="trained draft/target pair whose acceptance the demo measures after the "
-        "compile table (default: the committed tiny pair, tests_engine/data/trained_pair)",
-    )
-    demo.add_argument(
-        "--skip-pair",
-        action="store_true",
-        help="skip the acceptance part (tau with and without the window on the trained pair)",
-    )
-    demo.add_argument(
-        "--draft",
-        choices=["dflash", "dspark"],
-        default="dflash",
-        help="dspark: the sparse-MLA DSpark draft compiled with method='dspark' "
-        "(non-causal block indices, Markov head) (default: dflash)",
-    )
+    add_demo_parser(commands)
 
     inspect = commands.add_parser(
         "inspect",
@@ -130,13 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--lowering", choices=["inductor", "aot_eager"], default="inductor")
     inspect.add_argument(
         "--context",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="context length of the example batch (default: 256)",
     )
-    inspect.add_argument(
-        "--layers", type=_positive_int, default=2, help="draft layers (default: 2)"
-    )
+    inspect.add_argument("--layers", type=positive_int, default=2, help="draft layers (default: 2)")
 
     ascend = commands.add_parser(
         "check-ascend",
@@ -150,159 +107,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--inserted-only", action="store_true", help="check only the nodes our passes insert"
     )
 
-    _add_study_parsers(commands)
-
-    commands.add_parser(
-        "bench",
-        help="run benchmarks/bench_draft_window.py (needs a CUDA GPU)",
-        description="Run benchmarks/bench_draft_window.py from a source checkout; arguments "
-        "after 'bench' (or after '--') go to the script. Needs a CUDA device.",
-    )
     return parser
 
 
-def _add_study_parsers(commands) -> None:
-    from dspark_compile.speculative.checks import FAMILIES
-    from dspark_compile.speculative.scales import SCALES
-
-    study = commands.add_parser(
-        "study",
-        help="acceptance (tau) and tokens/s vs context, with and without the window",
-        description="Train a byte-level target and two drafts (token-only draft_model; "
-        "EAGLE-style, fed the target's hidden states) on the Python standard library's source, "
-        "or load them from --checkpoint, then run greedy speculative decoding on held-out "
-        "prompts at contexts from the drafts' training length to 16x it, without a window, "
-        "with windows of 1x, 2x, 4x that length, and with the 1x window plus attention sinks "
-        "of 1 and 4 KV blocks. Writes study.json (after every cell), "
-        "study.md and study.png to OUT_DIR.",
+def add_demo_parser(commands) -> argparse.ArgumentParser:
+    """Add the ``demo`` command to ``commands`` (a subparsers action); returns its parser."""
+    demo = commands.add_parser(
+        "demo",
+        help="window the reference DFlash draft, check it and time it",
+        description="Compile the built-in 4-layer DFlash reference draft with and without the "
+        "draft KV window, check both against eager references and time a draft step.",
     )
-    study.add_argument(
-        "--scale",
-        choices=sorted(SCALES),
-        default="quick",
-        help="h200: a few GPU minutes; quick: the CPU scale (8 min on 2 idle "
-        "cores, measured 2026-11-30); smoke: toy sizes, for tests (default: quick)",
-    )
-    study.add_argument("--out-dir", default="dspark_study", help="default: ./dspark_study")
-    study.add_argument(
-        "--device", default=None, help="torch device (default: cuda if available, else cpu)"
-    )
-    study.add_argument(
-        "--lowering",
-        choices=["inductor", "aot_eager"],
-        default=None,
-        help="draft compile lowering (default: inductor on CUDA, aot_eager on CPU)",
-    )
-    study.add_argument(
-        "--checkpoint",
-        default=None,
-        help="load the trained models from this file if it holds this scale; "
-        "else train and save them there",
-    )
-    study.add_argument(
-        "--draft-prefill-chunk",
-        type=_positive_int,
-        default=None,
-        help="tokens per draft prefill forward (default: the whole prompt)",
-    )
-    study.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
-    study.add_argument(
-        "--train-time-budget",
-        type=float,
-        default=None,
-        help="stop each model's training after this many seconds (recorded)",
-    )
-    keys = [s.key for s in SCALES["quick"].settings()]
-    study.add_argument(
-        "--settings",
+    demo.add_argument(
+        "--contexts",
+        type=positive_int,
         nargs="+",
-        default=None,
-        metavar="KEY",
-        help="run only these settings: none (no window), w<m>x (window of m "
-        "times the drafts' training context), w1x+s<n>b (that 1x window with "
-        f"attention sinks of n KV blocks); at the quick scale: {' '.join(keys)} "
-        "(default: all)",
+        default=[1024, 4096, 16384],
+        help="context lengths to run, in tokens (default: 1024 4096 16384)",
     )
-
-    report = commands.add_parser(
-        "study-report",
-        help="study.md and study.png from a study.json",
-        description="Rewrite study.md and study.png from STUDY_JSON (e.g. a JSON made on a "
-        "machine without matplotlib), next to it or in --out-dir; recomputes the JSON's derived "
-        "'goal' entry from its results.",
+    demo.add_argument(
+        "--window", type=positive_int, default=512, help="draft_window_size W (default: 512)"
     )
-    report.add_argument("study_json")
-    report.add_argument("--out-dir", default=None)
-
-
-def run_study_command(args: argparse.Namespace) -> int:
-    import logging
-
-    import torch
-
-    from dspark_compile.speculative.scales import SCALES
-    from dspark_compile.speculative.study import run_study
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device={device!r} is invalid: no CUDA device is available")
-    settings = tuple(args.settings) if args.settings else None
-    if settings:
-        try:
-            SCALES[args.scale].select_settings(settings)
-        except ValueError as error:
-            raise UsageError(f"--settings: {error}") from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    bars: dict = {}
-
-    def progress(phase, done, total, note):
-        bar = bars.setdefault(phase, TextProgress(total, phase))
-        bar.show(done, note)
-        if done >= total:
-            bar.clear()
-
-    study = run_study(
-        SCALES[args.scale],
-        Path(args.out_dir),
-        device=device,
-        lowering=args.lowering,
-        checkpoint=Path(args.checkpoint) if args.checkpoint else None,
-        draft_prefill_chunk=args.draft_prefill_chunk,
-        families=tuple(args.families),
-        progress=progress,
-        train_time_budget_s=args.train_time_budget,
-        setting_keys=settings,
+    _add_sink_arg(demo)
+    demo.add_argument(
+        "--requests", type=positive_int, default=4, help="requests per batch (default: 4)"
     )
-    print((Path(args.out_dir) / "study.md").read_text())
-    print(
-        f"wrote {args.out_dir}/study.json, study.md"
-        + (", study.png" if (Path(args.out_dir) / "study.png").is_file() else "")
+    demo.add_argument("--lowering", choices=["inductor", "aot_eager"], default="inductor")
+    demo.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    demo.add_argument(
+        "--draft",
+        choices=["dflash", "dspark"],
+        default="dflash",
+        help="dspark: the sparse-MLA DSpark draft compiled with method='dspark' "
+        "(non-causal block indices, Markov head) (default: dflash)",
     )
-    return 0 if study["results"] else 1
-
-
-def run_study_report_command(args: argparse.Namespace) -> int:
-    import json
-
-    from dspark_compile.speculative.report import write_reports
-
-    path = Path(args.study_json)
-    if not path.is_file():
-        raise UsageError(f"study_json={str(path)!r} is invalid: no such file")
-    from dspark_compile.speculative.checks import goal_check
-
-    out_dir = Path(args.out_dir) if args.out_dir else path.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    study = json.loads(path.read_text())
-    scale = study["meta"]["scale"]
-    goal = goal_check(study["results"], tuple(scale["contexts"]), scale["draft_train"]["context"])
-    if study.get("goal") != goal:
-        study["goal"] = goal
-        path.write_text(json.dumps(study, indent=1))
-        print(f"updated the derived 'goal' entry of {path}")
-    for written in write_reports(study, out_dir):
-        print(f"wrote {written}")
-    return 0
+    return demo
 
 
 def _add_window_args(parser: argparse.ArgumentParser, default_window: int) -> None:
@@ -317,7 +156,7 @@ def _add_window_args(parser: argparse.ArgumentParser, default_window: int) -> No
     parser.add_argument("--method", choices=METHODS, default="dflash")
     parser.add_argument(
         "--num-speculative-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="draft tokens per step (EAGLE3's future offset; default: 1)",
     )
@@ -385,7 +224,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
             )
         return run_dspark_demo_command(args)
     sinks = f", S={sink_size} sink tokens" if sink_size else ""
-    status = _print_demo_table(
+    return print_demo_table(
         title=(
             f"dspark-compile demo: DFlash reference draft (4 layers, GQA 8/2, head_dim 64, "
             f"block 16, q_len 8, non-causal), W={args.window}{sinks}, {args.requests} "
@@ -419,77 +258,12 @@ def run_demo_command(args: argparse.Namespace) -> int:
         ok_message="OK: compiled outputs match the eager references",
         bad_message="MISMATCH: compiled outputs differ from the eager references",
     )
-    if args.skip_pair:
-        return status
-    print()
-    return max(status, run_pair_demo_command(args.pair_dir))
-
-
-def run_pair_demo_command(pair_dir: Optional[Path], lowering: str = "aot_eager") -> int:
-    """The demo's acceptance part (``tools/pair_demo.py``); skipped with a note when the
-    default pair is absent (an installed wheel carries no checkpoints). ``aot_eager``:
-    the window's arithmetic is the same under every lowering, and it compiles fastest."""
-    from dspark_compile.tools.pair_demo import PAIR_DIR, pair_contexts, run_pair_demo
-
-    if pair_dir is None:
-        if not (PAIR_DIR / "prompts.json").exists():
-            print(f"acceptance part skipped: no trained pair at {PAIR_DIR} (use --pair-dir)")
-            return 0
-        pair_dir = PAIR_DIR
-    elif not (pair_dir / "prompts.json").exists():
-        raise UsageError(
-            f"--pair-dir={str(pair_dir)!r} is invalid: expected a directory written by "
-            "benchmarks/train_engine_pair.py (prompts.json, target/, draft/)"
-        )
-    from dspark_compile.speculative.hf_export import training_context
-
-    contexts = pair_contexts(pair_dir)
-    trained = training_context(pair_dir / "draft")
-    rows: list = []
-
-    def collect():
-        for row in run_pair_demo(pair_dir, contexts, lowering=lowering):
-            rows.append(row)
-            yield row
-
-    status = _print_demo_table(
-        title=(
-            f"acceptance on a trained pair ({pair_dir.name}: draft_model draft trained at "
-            f"{trained} tokens), greedy, K=5, 4 held-out prompts x 32 tokens per length, "
-            f"our speculative loop (dspark_compile.speculative), lowering={lowering}"
-        ),
-        columns=[
-            ("prompt tokens", 13, "{:>13}", "context"),
-            ("tau, no window", 14, "{:>14.2f}", "tau_off"),
-            ("tau, window W", 14, "{:>14.2f}", "tau_window"),
-            ("W", 5, "{:>5}", "window"),
-            ("tokens equal", 12, "{!s:>12}", "tokens_equal"),
-        ],
-        rows=collect(),
-        contexts=contexts,
-        row_ok=lambda row: row.tokens_equal,
-        legend=(
-            "tau: mean acceptance length, 1 + accepted draft tokens per round; tokens equal: "
-            "both runs (no window, window W) generated the target's own greedy tokens"
-        ),
-        ok_message="OK: the window changes no token, only how many draft tokens are accepted",
-        bad_message="MISMATCH: the generated tokens differ from the target's own greedy decode",
-        step="decoding without and with the window",
-    )
-    if rows and trained:
-        last = rows[-1]
-        print(
-            f"at {last.context} tokens ({last.context / trained:.0f}x the draft's training "
-            f"context) tau is {last.tau_off:.2f} without the window and {last.tau_window:.2f} "
-            f"with W={last.window}"
-        )
-    return status
 
 
 def run_dspark_demo_command(args: argparse.Namespace) -> int:
     from dspark_compile.tools.dspark_demo import run_dspark_demo
 
-    return _print_demo_table(
+    return print_demo_table(
         title=(
             f"dspark-compile demo: DSpark reference draft (2 sparse-MLA layers, 8 heads, "
             f"kv_lora_rank 64 + rope 32, block 16, q_len 8, Markov head), method=dspark, "
@@ -523,7 +297,7 @@ def run_dspark_demo_command(args: argparse.Namespace) -> int:
     )
 
 
-def _print_demo_table(
+def print_demo_table(
     title,
     columns,
     rows,
@@ -623,44 +397,35 @@ def run_check_ascend_command(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def run_bench_command(argv: Sequence[str]) -> int:
-    import torch
+def run(
+    parser: argparse.ArgumentParser,
+    commands: Mapping[str, Callable[[argparse.Namespace], int]],
+    argv: Sequence[str],
+    prog: str = PROG,
+    passthrough: Optional[Mapping[str, Callable[[Sequence[str]], int]]] = None,
+) -> int:
+    """Parse ``argv`` and run its command; returns the exit status. ``passthrough``
+    commands get the unparsed arguments after their name (a leading ``--`` dropped)."""
+    passthrough = passthrough or {}
+    args, extra = parser.parse_known_args(list(argv))
+    if args.command not in passthrough and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command in passthrough:
+            return passthrough[args.command](extra[1:] if extra[:1] == ["--"] else extra)
+        return commands[args.command](args)
+    except (UsageError, ValueError) as error:
+        print(f"{prog} {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
-    if not torch.cuda.is_available():
-        raise UsageError(
-            "no CUDA device: the benchmarks time GPU kernels (torch.cuda.is_available() is False)"
-        )
-    if not BENCH_SCRIPT.is_file():
-        raise UsageError(
-            f"benchmark script not found at {BENCH_SCRIPT}: "
-            "'bench' runs from a source checkout (git clone)"
-        )
-    spec = importlib.util.spec_from_file_location("bench_draft_window", BENCH_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    result = module.main(list(argv))
-    return int(result or 0)
+
+COMMANDS = {
+    "demo": run_demo_command,
+    "inspect": run_inspect_command,
+    "check-ascend": run_check_ascend_command,
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command != "bench" and extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        if args.command == "demo":
-            return run_demo_command(args)
-        if args.command == "inspect":
-            return run_inspect_command(args)
-        if args.command == "check-ascend":
-            return run_check_ascend_command(args)
-        if args.command == "study":
-            return run_study_command(args)
-        if args.command == "study-report":
-            return run_study_report_command(args)
-        return run_bench_command(extra[1:] if extra[:1] == ["--"] else extra)
-    except (UsageError, ValueError) as error:
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return run(build_parser(), COMMANDS, sys.argv[1:] if argv is None else argv)

@@ -103,12 +103,23 @@ class DraftWindowInductorPass(seam.InductorPass):
     name = keys.VLLM_DRAFT_WINDOW_PASS
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        record_pass(new_graph_id(), self.name, self.apply(graph))
+        stats, details = self.rewrite(graph)
+        record_pass(new_graph_id(), self.name, stats, details)
 
     def apply(
         self, graph: torch.fx.Graph, vllm_config: Any = None, model_tag: Optional[str] = None
     ) -> dict[str, int]:
-        """Rewrite ``graph`` in place; returns counters of what was found and done.
+        """Rewrite ``graph`` in place; returns counters of what was found and done
+        (``rewrite``'s counters; recording is ``__call__``'s job)."""
+        return self.rewrite(graph, vllm_config, model_tag)[0]
+
+    def rewrite(
+        self, graph: torch.fx.Graph, vllm_config: Any = None, model_tag: Optional[str] = None
+    ) -> tuple[dict[str, int], dict[str, Any]]:
+        """Rewrite ``graph`` in place; returns the counters of what was found and done,
+        and, with the window on, the record's details: ``model_tag``,
+        ``rewritten_layers`` (layer names, in graph order) and ``window`` (the resolved
+        config's ``as_dict()``); ``{}`` with the window off.
 
         ``vllm_config``/``model_tag`` default to the compiling model's
         (``resolve_compile_context``). Raises ``RuntimeError`` when a window is
@@ -132,7 +143,7 @@ class DraftWindowInductorPass(seam.InductorPass):
         rewritten: list[str] = []
         if not config.enabled:
             _log_window_off_once(config)
-            return stats
+            return stats, {}
         if vllm_config is None:
             raise RuntimeError(
                 f"dspark draft window: draft_window_size={config.draft_window_size} is set but "
@@ -198,21 +209,13 @@ class DraftWindowInductorPass(seam.InductorPass):
                 config.draft_window_size,
                 model_tag,
             )
-        PASS_RECORDS.append(
-            {
-                "model_tag": model_tag,
-                "rewritten_layers": rewritten,
-                "window": config.as_dict(),
-                **stats,
-            }
-        )
         graph.lint()
-        return stats
-
-
-#: One record per graph the pass saw with the window on, in this process: the
-#: model tag, the layers rewritten, the resolved window config and the counters.
-PASS_RECORDS: list[dict[str, Any]] = []
+        details = {
+            "model_tag": model_tag,
+            "rewritten_layers": rewritten,
+            "window": config.as_dict(),
+        }
+        return stats, details
 
 
 def _max_num_seqs(vllm_config: Any) -> int:

@@ -13,15 +13,15 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from dspark_compile.speculative.lm import LMConfig
-from dspark_compile.speculative.training import TrainSpec
+from dspark_research.speculative.lm import LMConfig
+from dspark_research.speculative.training import TrainSpec
 
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One draft configuration of the study: a name, the compile options it adds
     (``draft_window_size``, ``draft_sink_size``; any other backend option can be
-    added) and a short ``key`` for ``dspark-compile study --settings``."""
+    added) and a short ``key`` for ``python -m dspark_research study --settings``."""
 
     name: str
     options: dict

@@ -129,7 +129,7 @@ class Block(nn.Module):
 
 class TransformerLM(nn.Module):
     """Byte LM; implements the speculative loop's model protocol
-    (:class:`dspark_compile.speculative.protocol.PagedModel`)."""
+    (:class:`dspark_research.speculative.protocol.PagedModel`)."""
 
     def __init__(self, cfg: LMConfig, seed: int = 0) -> None:
         super().__init__()

@@ -20,8 +20,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from dspark_compile.speculative.corpus import random_windows
-from dspark_compile.speculative.lm import TransformerLM, shift_features
+from dspark_research.speculative.corpus import random_windows
+from dspark_research.speculative.lm import TransformerLM, shift_features
 
 logger = logging.getLogger(__name__)
 

@@ -5,16 +5,16 @@ target/draft pair, and the acceptance-vs-context study.
 decodes with any pair implementing :class:`PagedModel`.
 """
 
-from dspark_compile.speculative.lm import LMConfig, TransformerLM
-from dspark_compile.speculative.loop import (
+from dspark_research.speculative.lm import LMConfig, TransformerLM
+from dspark_research.speculative.loop import (
     SpecResult,
     SpeculativeDecoder,
     compile_draft,
     target_greedy_decode,
 )
-from dspark_compile.speculative.paged_cache import PagedKVCache, StepInputs
-from dspark_compile.speculative.protocol import PagedModel
-from dspark_compile.speculative.sampling import greedy_verify, rejection_sample
+from dspark_research.speculative.paged_cache import PagedKVCache, StepInputs
+from dspark_research.speculative.protocol import PagedModel
+from dspark_research.speculative.sampling import greedy_verify, rejection_sample
 
 __all__ = [
     "LMConfig",

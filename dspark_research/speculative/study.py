@@ -5,7 +5,7 @@
 :class:`SpeculativeDecoder` (greedy) on held-out prompts and pools the rounds.
 It writes ``study.json`` after every cell (partial results survive an
 interruption), then ``study.md`` and, when matplotlib is importable,
-``study.png`` (``dspark-compile study-report`` makes both from the JSON later).
+``study.png`` (``python -m dspark_research study-report`` makes both from the JSON later).
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from typing import Callable, Optional
 
 import torch
 
-from dspark_compile.speculative.checks import FAMILIES, goal_check
-from dspark_compile.speculative.corpus import Corpus, load_corpus, random_windows
-from dspark_compile.speculative.lm import TransformerLM
-from dspark_compile.speculative.loop import (
+from dspark_research.provenance import git_state
+from dspark_research.speculative.checks import FAMILIES, goal_check
+from dspark_research.speculative.corpus import Corpus, load_corpus, random_windows
+from dspark_research.speculative.lm import TransformerLM
+from dspark_research.speculative.loop import (
     SpecResult,
     SpeculativeDecoder,
     compile_draft,
     target_greedy_decode,
 )
-from dspark_compile.speculative.report import write_reports
-from dspark_compile.speculative.scales import StudyScale
-from dspark_compile.speculative.training import eval_loss, tie_eagle_to_target, train_lm
-from dspark_compile.tools.provenance import git_state
+from dspark_research.speculative.report import write_reports
+from dspark_research.speculative.scales import StudyScale
+from dspark_research.speculative.training import eval_loss, tie_eagle_to_target, train_lm
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """The model protocol of the speculative-decoding loop.
 
-Any target/draft pair plugs into :class:`~dspark_compile.speculative.loop.SpeculativeDecoder`
+Any target/draft pair plugs into :class:`~dspark_research.speculative.loop.SpeculativeDecoder`
 when both implement :class:`PagedModel`: a forward over a paged KV cache that
 writes its new tokens' KV (at ``slot_mapping``) and returns logits and a hidden
 state per token. The draft should attend through ``torch.ops.dspark.paged_attention``
 (or a registered attention op) so ``torch.compile(draft, backend="dspark")``
-windows it. :class:`~dspark_compile.speculative.lm.TransformerLM` is the
+windows it. :class:`~dspark_research.speculative.lm.TransformerLM` is the
 reference implementation.
 """
 

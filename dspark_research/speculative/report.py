@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dspark_compile.speculative.checks import goal_check, sink_check
+from dspark_research.speculative.checks import goal_check, sink_check
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def plot(study: dict, path: Path) -> bool:
     except ImportError:
         logger.warning(
             "matplotlib is not installed: %s not written "
-            "(run 'dspark-compile study-report' where it is)",
+            "(run 'python -m dspark_research study-report' where it is)",
             path,
         )
         return False

@@ -1,6 +1,6 @@
 """The study's byte LMs as HF checkpoints that vLLM loads, and back.
 
-:class:`~dspark_compile.speculative.lm.TransformerLM` without features is exactly
+:class:`~dspark_research.speculative.lm.TransformerLM` without features is exactly
 HF ``LlamaForCausalLM`` (pre-norm RMSNorm, rotate-half RoPE with
 ``inv_freq = theta ** (-2i / head_dim)``, GQA, SiLU-gated MLP, no biases, untied
 ``lm_head``); :func:`llama_state_dict` renames and splits its fused ``qkv`` /
@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from dspark_compile.speculative.lm import LMConfig, TransformerLM
+from dspark_research.speculative.lm import LMConfig, TransformerLM
 
 TRAINING_CONTEXT_KEY = "dspark_training_context"
 

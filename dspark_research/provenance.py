@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-#: The checkout this package is imported from (not a git work tree when pip-installed).
-CHECKOUT = Path(__file__).resolve().parents[2]
+#: The source checkout this package lives in (dspark_research is never installed).
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def _git(*args: str, root: Path) -> str | None:

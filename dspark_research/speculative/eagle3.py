@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_compile.models.layers import RMSNorm, apply_rope
-from dspark_compile.speculative.corpus import random_windows
-from dspark_compile.speculative.hf_export import (
+from dspark_research.speculative.corpus import random_windows
+from dspark_research.speculative.hf_export import (
     TRAINING_CONTEXT_KEY,
     block_state,
     config_of,
@@ -52,8 +52,8 @@ from dspark_compile.speculative.hf_export import (
     read_checkpoint,
     save_checkpoint,
 )
-from dspark_compile.speculative.lm import LMConfig, TransformerLM
-from dspark_compile.speculative.training import (
+from dspark_research.speculative.lm import LMConfig, TransformerLM
+from dspark_research.speculative.training import (
     TrainSpec,
     _autocast,
     optimize,
@@ -306,7 +306,7 @@ def train_eagle3(
 ) -> dict:
     """Train ``draft`` in place on ``target``'s aux states of byte windows of ``data``
     (``spec.context`` target positions per window; AdamW, the schedule of
-    :func:`~dspark_compile.speculative.training.train_lm`; ``distill``: against the
+    :func:`~dspark_research.speculative.training.train_lm`; ``distill``: against the
     target's next-token distributions, see :func:`_losses`). Returns the training
     record (``steps_done < steps`` when ``time_budget_s`` ran out)."""
     _check_unroll(unroll)

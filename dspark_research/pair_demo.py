@@ -3,11 +3,11 @@
 The committed tiny pair (``tests_engine/data/trained_pair``: a 3-layer byte-level
 Llama target trained to 1152 tokens and a 2-layer ``draft_model`` draft trained at 64,
 HF checkpoints that vLLM loads too) is decoded greedily by
-:class:`~dspark_compile.speculative.loop.SpeculativeDecoder` on its held-out prompts,
+:class:`~dspark_research.speculative.loop.SpeculativeDecoder` on its held-out prompts,
 the draft compiled with ``backend="dspark"`` without a window and with W = its
 training context. One row per prompt length: the mean acceptance length
 ``tau = 1 + accepted / rounds`` both ways, and whether both runs generated exactly the
-target's own greedy tokens (:func:`~dspark_compile.speculative.loop.target_greedy_decode`,
+target's own greedy tokens (:func:`~dspark_research.speculative.loop.target_greedy_decode`,
 the target alone, one token per forward): greedy speculative decoding must emit them
 with or without the window. Comparing the two speculative runs with each other would
 not do: a defect common to both (in the loop, or the compiled draft's verification)
@@ -24,7 +24,7 @@ from typing import Iterator, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
-PAIR_DIR = Path(__file__).resolve().parents[2] / "tests_engine" / "data" / "trained_pair"
+PAIR_DIR = Path(__file__).resolve().parents[1] / "tests_engine" / "data" / "trained_pair"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +68,8 @@ def run_pair_demo(
     """
     import torch
 
-    from dspark_compile.speculative import hf_export
-    from dspark_compile.speculative.loop import (
+    from dspark_research.speculative import hf_export
+    from dspark_research.speculative.loop import (
         SpeculativeDecoder,
         compile_draft,
         target_greedy_decode,

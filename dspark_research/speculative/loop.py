@@ -29,9 +29,9 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from dspark_compile.speculative.paged_cache import PagedKVCache, StepInputs
-from dspark_compile.speculative.protocol import PagedModel
-from dspark_compile.speculative.sampling import greedy_verify, rejection_sample
+from dspark_research.speculative.paged_cache import PagedKVCache, StepInputs
+from dspark_research.speculative.protocol import PagedModel
+from dspark_research.speculative.sampling import greedy_verify, rejection_sample
 
 logger = logging.getLogger(__name__)
 
