@@ -48,6 +48,23 @@ def readme_statuses(text: str) -> dict[str, str]:
     return rows
 
 
+README_LINK = re.compile(r"\]\(benchmarks/results/(\d{4}-\d\d-\d\d/[^)\s#]+)\)")
+
+
+def performance_statuses(text: str) -> list[tuple[str, str]]:
+    """``(results file, status cell)`` per row of README.md's ``## Performance`` table
+    (each row links the results file its figure comes from)."""
+    section = text.split("\n## Performance\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith("| what"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        links = README_LINK.findall(line)
+        rows.append((links[0] if links else f"<no results file: {cells[0]}>", cells[-1]))
+    return rows
+
+
 def status_problems(claims: list[dict], statuses: dict[str, str], root: Path = ROOT) -> list[str]:
     """What is untrue in the index: a row missing, a claim marked current whose code
     changed, or marked stale whose code did not."""
@@ -91,6 +108,31 @@ def test_every_claim_of_the_index_says_whether_its_code_changed(full_history):
         "index.json and README.md list different claims"
     )
     assert status_problems(index["claims"], statuses) == []
+
+
+def test_the_readme_performance_table_says_what_the_index_says(full_history):
+    """Each headline figure links a results file of the index, and says stale exactly
+    when the index's check does (the same ``git log``)."""
+    index = {c["file"]: c for c in json.loads((RESULTS / "index.json").read_text())["claims"]}
+    rows = performance_statuses((ROOT / "README.md").read_text())
+    assert rows, "README.md's Performance table has no rows"
+    unknown = sorted(f for f, _ in rows if f not in index)
+    assert unknown == [], f"rows that link no results file of index.json: {unknown}"
+    problems = [p for f, status in rows for p in status_problems([index[f]], {f: status})]
+    assert problems == []
+
+
+def test_performance_statuses_reads_each_rows_file_and_status():
+    text = (
+        "# x\n\n## Performance\n\n| what | figure | status |\n|---|---|---|\n"
+        "| a | 1 us ([file](benchmarks/results/2026-12-01/a.md)) | **stale** |\n"
+        "| b | 2 us | current |\n\n## Limitations\n"
+        "| c | ([f](benchmarks/results/2026-12-02/c.md)) | x |\n"
+    )
+    assert performance_statuses(text) == [
+        ("2026-12-01/a.md", "**stale**"),
+        ("<no results file: b>", "current"),
+    ]
 
 
 def test_the_check_catches_a_figure_whose_code_changed(tmp_path):
