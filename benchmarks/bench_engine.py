@@ -134,6 +134,17 @@ def stop_cells(now: float, cells_until: float, hard_deadline: float, cells_done:
     return now > hard_deadline or (cells_done > 0 and now > cells_until)
 
 
+def batch_contexts(spec: dict, batch: int) -> list[int]:
+    """The contexts a batch's cells run at: every context for batch 1; for larger batches
+    ``spec["batched_contexts"]`` where given (a subset, to spend a device call's minutes
+    on the batch-1 cells), else every context."""
+    contexts = list(spec["contexts"])
+    chosen = spec.get("batched_contexts")
+    if batch == 1 or not chosen:
+        return contexts
+    return [c for c in contexts if c in set(chosen)]
+
+
 def engine_kwargs(spec: dict) -> dict:
     """``vllm.LLM`` arguments of one engine: the README's configuration."""
     kwargs = dict(
@@ -271,7 +282,7 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
     )
     for temperature in spec["temperatures"]:
         for batch in spec["batches"]:
-            for context in spec["contexts"]:
+            for context in batch_contexts(spec, batch):
                 pool = prompts[str(context)]
                 for repeat in range(spec["repeats"]):
                     if stop_cells(time.time(), cells_until, spec["hard_deadline"], len(cells)):
@@ -504,6 +515,11 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--contexts", default=None, help="default: the pair's contexts")
     parser.add_argument("--batches", default="1,32")
+    parser.add_argument(
+        "--batched-contexts",
+        default=None,
+        help="contexts of the batch > 1 cells (a subset of --contexts; default: all)",
+    )
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -566,6 +582,13 @@ def main(argv=None) -> int:
         if s not in SETTINGS:
             parser.error(f"--settings: {s!r} is not one of {SETTINGS}")
     batches = [int(b) for b in args.batches.split(",")]
+    batched_contexts = (
+        [int(c) for c in args.batched_contexts.split(",")] if args.batched_contexts else None
+    )
+    if batched_contexts and not set(batched_contexts) <= set(contexts):
+        parser.error(
+            f"--batched-contexts: {batched_contexts} is not a subset of the contexts {contexts}"
+        )
     c0 = report["draft_context"]
     windows = {"nospec": None, "off": None, "w1x": c0, "w2x": 2 * c0, "native": None}
     native_sw = native_sliding_window(c0, args.num_speculative_tokens)
@@ -587,6 +610,7 @@ def main(argv=None) -> int:
             "target_context": report.get("target_context"),
             "contexts": contexts,
             "batches": batches,
+            "batched_contexts": batched_contexts,
             "repeats": args.repeats,
             "new_tokens": args.new_tokens,
             "num_speculative_tokens": args.num_speculative_tokens,
@@ -661,6 +685,7 @@ def main(argv=None) -> int:
             "draft_attention_backend": args.draft_attention_backend,
             "contexts": contexts,
             "batches": batches,
+            "batched_contexts": batched_contexts,
             "temperatures": [float(t) for t in args.temperatures.split(",")],
             "repeats": args.repeats,
             "new_tokens": args.new_tokens,

@@ -550,6 +550,38 @@ def test_an_engine_that_started_late_still_times_its_first_cell():
     assert be.stop_cells(hard + 1, up + 500, hard, cells_done=0)
 
 
+def test_batched_contexts_limit_only_the_batched_cells():
+    """``--batched-contexts`` narrows the batch > 1 cells to its contexts, in the sweep's
+    order; batch 1 keeps every context; unset, every batch runs every context."""
+    import bench_engine as be
+
+    spec = {"contexts": [512, 1024, 2048, 4096, 8192], "batched_contexts": [8192, 512]}
+    assert be.batch_contexts(spec, 1) == [512, 1024, 2048, 4096, 8192]
+    assert be.batch_contexts(spec, 32) == [512, 8192]
+    assert be.batch_contexts({"contexts": [512, 2048]}, 32) == [512, 2048]
+    assert be.batch_contexts({"contexts": [512], "batched_contexts": None}, 8) == [512]
+
+
+def test_batched_contexts_outside_the_contexts_are_refused(tmp_path, capsys):
+    import bench_engine as be
+
+    (tmp_path / "train_report.json").write_text(json.dumps({"draft_context": 64}))
+    (tmp_path / "prompts.json").write_text(json.dumps({"prompts": {"64": [[1, 2]]}}))
+    with pytest.raises(SystemExit):
+        be.main(
+            [
+                "--pair",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "r.json"),
+                "--batched-contexts",
+                "128",
+            ]
+        )
+    err = capsys.readouterr().err
+    assert "--batched-contexts" in err and "128" in err and "[64]" in err
+
+
 def test_ratio_table_is_tokens_per_s_over_the_same_draft_without_the_window():
     import bench_engine_report as be
 
