@@ -13,7 +13,7 @@ OUT=${OUT:-./out}
 work=/tmp/perf-table
 rm -rf "$work" && mkdir -p "$work" "$OUT"
 start=$(date +%s)
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log="$OUT/perf-table-log.txt"
 say() { echo "[perf $(date -u +%H:%M:%S)] $*" | tee -a "$log"; }
 # The device's .git is the session's first snapshot, not the tree sent: log the sent tree's id
