@@ -2,6 +2,7 @@
 # Every benchmark behind docs/performance.md's GPU tables, in one call on a lent GPU:
 #
 #   bash benchmarks/perf_table_gpu.sh [BUDGET_SECONDS]     # default 540 (a call allows 600)
+#   PERF_STEPS="peer-attention draft-window" bash benchmarks/perf_table_gpu.sh 200   # some steps
 #
 # The steps run one after another, each under its own time limit and all within the budget
 # (a step that no longer fits is skipped and says so), so the results are always packed:
@@ -29,6 +30,10 @@ say "$(python3 -c 'import sys, torch, triton; print("torch", torch.__version__, 
 step() {
   local name=$1 limit=$2 left rc t0
   shift 2
+  if [ -n "${PERF_STEPS:-}" ] && [[ " $PERF_STEPS " != *" $name "* ]]; then
+    say "$name: not in PERF_STEPS"
+    return
+  fi
   left=$((budget - ($(date +%s) - start) - 20))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -lt 30 ]; then
