@@ -43,8 +43,15 @@ if [ ! -f "$dir/a/part00" ] || [ ! -f "$dir/b/part01" ]; then
     tar -cf - . | xz -T0 -6 > "$work/payload.tar.xz"
   )
   rm -rf "$dir"; mkdir -p "$dir/a" "$dir/b"
-  split -b 50M -d "$work/payload.tar.xz" "$work/part"
+  # Each call also carries the working tree (~15 MB): part00 + tree must stay under 64 MiB
+  # (67,108,864 bytes), and so must part01 + wheels + tree: two equal halves leave the most room.
+  split -n 2 -d "$work/payload.tar.xz" "$work/part"
   [ "$(ls "$work"/part* | wc -l)" -eq 2 ] || { echo "[stage] expected 2 parts"; exit 1; }
+  tree_bytes=$(git -C "$root" ls-files -z | (cd "$root" && xargs -0 du -cb 2>/dev/null) | tail -1 | cut -f1)
+  for part in "$work/part00" "$work/part01"; do
+    total=$(( $(stat -c %s "$part") + tree_bytes + 1048576 ))
+    [ "$total" -lt 67108864 ] || echo "[stage] WARNING: $(basename "$part") + the tree is $total bytes: over a call's 64 MiB"
+  done
   mv "$work/part00" "$dir/a/"; mv "$work/part01" "$dir/b/"
   rm -rf "$work"
 fi
