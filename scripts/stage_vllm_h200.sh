@@ -10,11 +10,16 @@
 #   .vllm-h200/a/part00                   call 1 carries it and copies it out of the repo (an
 #                                         ignored path a later call does not carry is removed):
 #                                           mkdir -p /tmp/parts && cp .vllm-h200/a/part00 /tmp/parts/
-#   .vllm-h200/b/{part01,wheels/}         call 2 (and later calls) carry it; then
+#   .vllm-h200/b/{part01,wheels/,install.sh}  call 2 (and later calls) carry it; then
 #                                           bash scripts/gpu_engine_tier.sh
 #                                         unpacks vLLM into /tmp/site, installs the wheels and runs
-#                                         the GPU engine tier.
-# Re-running rebuilds only the project's wheel when the payload is already there.
+#                                         the GPU engine tier; for anything else that needs vLLM
+#                                         (kv_capacity.py, bench_engine.py, smollm2_h200.sh):
+#                                           bash .vllm-h200/b/install.sh
+#                                           export PYTHONPATH=$PWD:/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
+# Re-running rebuilds only the project's wheel (and the extra wheels) when the payload is there.
+# STAGE_EXTRA_WHEELS="gguf==0.19.0" adds pure-Python wheels (no dependencies) to wheels/, e.g. the
+# gguf reader benchmarks/smollm2_h200.sh needs; scripts/install_vllm_h200.sh installs them all.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dir="$root/.vllm-h200"
@@ -58,5 +63,10 @@ fi
 rm -rf "$dir/b/wheels"; mkdir -p "$dir/b/wheels"
 echo "[stage] building the dspark-compile wheel"
 python3 -m pip wheel -q --no-deps -w "$dir/b/wheels" "$root"
+for spec in ${STAGE_EXTRA_WHEELS:-}; do
+  echo "[stage] adding the wheel of $spec"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir/b/wheels" "$spec" 2>&1 | grep -v '^WARNING: Location' || true
+done
+cp "$root/scripts/install_vllm_h200.sh" "$dir/b/install.sh"  # `bash .vllm-h200/b/install.sh` works too
 du -sh "$dir/a" "$dir/b"
 echo "[stage] done: call 1 carries .vllm-h200/a, call 2 carries .vllm-h200/b (see this script's header)"
