@@ -65,7 +65,8 @@ echo "[stage] building the dspark-compile wheel"
 python3 -m pip wheel -q --no-deps -w "$dir/b/wheels" "$root"
 for spec in ${STAGE_EXTRA_WHEELS:-}; do
   echo "[stage] adding the wheel of $spec"
-  python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir/b/wheels" "$spec" 2>&1 | grep -v '^WARNING: Location' || true
+  out=$(python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir/b/wheels" "$spec" 2>&1) ||
+    { echo "$out" >&2; echo "[stage] STAGE_EXTRA_WHEELS: could not download $spec" >&2; exit 1; }
 done
 cp "$root/scripts/install_vllm_h200.sh" "$dir/b/install.sh"  # `bash .vllm-h200/b/install.sh` works too
 du -sh "$dir/a" "$dir/b"
