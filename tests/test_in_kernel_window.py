@@ -2,8 +2,8 @@
 
 ``dspark.paged_attention(..., window_size=W)`` without ``kv_offset`` needs no
 window-metadata launch and no gathered table: the kernel starts each query
-tile at its first query's ``lo`` and cuts only the window span into splits
-(``WINDOW_SPLITS``). Checked against the torch reference, the dense position
+tile at its first query's ``lo`` and cuts only the window span into splits.
+Checked against the torch reference, the dense position
 mask (``tests/dense_sink_oracle.py``) and the two-launch form (gathered table
 + ``kv_offset``), with and without sinks, one split and several. Without a GPU
 the kernel runs in the Triton interpreter; outputs are poisoned with NaN first.

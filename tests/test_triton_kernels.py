@@ -306,6 +306,28 @@ def test_launch_is_sized_from_table_width_not_lengths():
     assert blocks.block_q == 16 and blocks.block_m == 64
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, 24])
+def test_splits_cut_each_span_so_a_wider_table_changes_nothing(causal, window):
+    """The split COUNT comes from shapes, each split's LENGTH from the tile's own span
+    (seq_lens): the same batch with its table padded to 8x the columns (a CUDA graph
+    captured for a longer context) gives bit-for-bit the same output for the same count,
+    and never reads the padding (it points at a NaN block)."""
+    batch, q, kc, vc = _batch([70, 33, 5, 0, 48], [1, 6, 5, 0, 16], 4, 4, 2, 16, torch.float32, 7)
+    poison = torch.full_like(kc[:1], float("nan"))
+    kc, vc = torch.cat([kc, poison]), torch.cat([vc, poison])
+    width = batch.block_table.shape[1]
+    pad = torch.full((batch.block_table.shape[0], 7 * width), kc.shape[0] - 1)
+    wide = torch.cat([batch.block_table, pad.to(batch.block_table)], dim=1)
+    common = (batch.seq_lens, batch.query_start_loc, 0.25, causal)
+    kw = {} if window is None else dict(window_size=window, future_offset=1)
+    want = paged_attention_ref(q, kc, vc, batch.block_table, *common, **kw)
+    for splits in (2, 5):
+        tight = _run(q, kc, vc, batch.block_table, *common, num_splits=splits, **kw)
+        assert torch.equal(_run(q, kc, vc, wide, *common, num_splits=splits, **kw), tight)
+        _assert_close(tight, want, torch.float32)
+
+
 def test_paged_attention_rejects_bad_inputs():
     batch, q, kc, vc = _batch([5], [2], 4, 3, 2, 16, torch.float32, 1)
     with pytest.raises(ValueError, match="3 heads.*multiple of the cache's 2"):

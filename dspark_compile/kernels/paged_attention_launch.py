@@ -28,6 +28,9 @@ class LaunchConfig:
     the grid has ``T`` tiles instead of the upper bound ``T // block_q + R``.
     ``heads_first``: the KV head is the grid's fastest axis (all KV heads of a
     tile and split are scheduled side by side) instead of the query tile.
+    ``tokens_per_split``: a split's length over the longest span the shapes allow
+    (``num_splits x tokens_per_split`` covers it); the kernel cuts each query
+    tile's actual span into ``num_splits`` runs of whole ``block_n`` tiles.
     """
 
     block_q: int

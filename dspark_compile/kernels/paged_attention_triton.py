@@ -21,20 +21,21 @@ Layout of the work:
   query tile, not once per query head). Tiles are found in-kernel by binary
   search over ``query_start_loc``: the grid is ``T // BLOCK_Q + R`` tiles, an
   upper bound computed from shapes only.
-- the KV range ``[0, width * b)`` is cut into ``num_splits`` equal splits
-  (flash decoding) sized from the block table's WIDTH, never from a host read
-  of ``seq_lens``: the fewest splits whose programs fill whole waves of the
-  programs the GPU holds at once (``choose_launch``, ``kernels/paged_attention_launch.py``);
-  splits past a request's length exit after writing an empty partial. Decode (one
-  query per tile) has exactly ``T`` tiles, with the KV head as the fastest grid axis.
-  After windowing the width is ``max_window_blocks``, so a 128k context with W=2048
-  launches work for ~2k tokens. With a window, a query tile starts at the block of its first
-  query's ``lo``; splits wholly below it exit at once. With sinks it also
-  reads the table tokens ``[0, min(S_b, that lo))`` (a separate loop, compiled
-  only when S > 0): never a token twice. Given a window but no ``kv_offset``
-  (the full table), the splits cut the tile's window span instead
-  (``WINDOW_SPLITS``: split s reads ``[kv_begin + s * tokens_per_split, ...)``),
-  so the window costs no extra launch.
+- each query tile's KV span ``[kv_begin, kv_end)`` is cut into ``num_splits``
+  runs of whole ``BLOCK_N`` tiles (flash decoding). The NUMBER of splits comes
+  from shapes only, never a host read of ``seq_lens``: the fewest whose programs
+  fill whole waves of the programs the GPU holds at once for the table's width
+  (``choose_launch``, ``kernels/paged_attention_launch.py``); their LENGTH is
+  computed in the kernel from the tile's own span, so a table wider than the
+  context (a CUDA graph captured for the longest context) still spreads the
+  work over every split. Decode (one query per tile) has exactly ``T`` tiles,
+  with the KV head as the fastest grid axis. After windowing the width is
+  ``max_window_blocks``, so a 128k context with W=2048 launches work for ~2k
+  tokens. With a window, a tile's span starts at the block of its first query's
+  ``lo``; on the full table (no ``kv_offset``) the window then costs no extra
+  launch. With sinks, split 0 also reads the table tokens
+  ``[0, min(S_b, that lo))`` (a separate loop, compiled only when S > 0):
+  never a token twice.
 - fp32 online softmax (exp2) and fp32 accumulation; a second small kernel
   combines the splits by their log-sum-exp.
 No host synchronisation anywhere: CUDA-graph capturable.
@@ -186,7 +187,6 @@ def _paged_attention_kernel(
     part_ptr,
     lse_ptr,
     scale_log2,
-    tokens_per_split,
     num_splits,
     offset_ptr,
     window_size,
@@ -208,7 +208,6 @@ def _paged_attention_kernel(
     UPCAST_DOT: tl.constexpr,
     EXACT_TILES: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
-    WINDOW_SPLITS: tl.constexpr,
 ):
     if HEADS_FIRST:  # grid (KV head, tile, split): a request's KV heads run side by side
         kv_head = tl.program_id(0)
@@ -293,18 +292,16 @@ def _paged_attention_kernel(
             - shift,
             0,
         )
-    if WINDOW_SPLITS:  # full table, window applied here: splits cut [kv_begin, kv_end)
-        split_begin = kv_begin + split * tokens_per_split
-        split_end = tl.minimum(split_begin + tokens_per_split, kv_end)
-        sink_begin = 0
-        if SINK_TOKENS > 0:  # all sinks below the window go to split 0
-            sink_end = tl.where(split == 0, tl.minimum(SINK_TOKENS, kv_begin), 0)
-    else:  # splits cut the table's columns [0, width * b)
-        split_begin = tl.maximum(split * tokens_per_split, kv_begin)
-        split_end = tl.minimum(split * tokens_per_split + tokens_per_split, kv_end)
-        sink_begin = split * tokens_per_split
-        if SINK_TOKENS > 0:  # table tokens [0, S_b) below the window: always visible
-            sink_end = tl.minimum(tl.minimum(SINK_TOKENS, kv_begin), split_end)
+    # Splits cut the tile's own span [kv_begin, kv_end) into runs of whole BLOCK_N tiles,
+    # sized here from seq_lens: a table wider than the context (a CUDA graph captured for
+    # the longest one) still spreads the context over every split. With a window on the
+    # full table kv_begin is the window's start, so the window costs no extra launch.
+    per_split = tl.cdiv(tl.cdiv(tl.maximum(kv_end - kv_begin, 0), num_splits), BLOCK_N) * BLOCK_N
+    split_begin = kv_begin + split * per_split
+    split_end = tl.minimum(split_begin + per_split, kv_end)
+    sink_begin = 0
+    if SINK_TOKENS > 0:  # table tokens [0, S_b) below the window, always visible: split 0
+        sink_end = tl.where(split == 0, tl.minimum(SINK_TOKENS, kv_begin), 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -530,7 +527,6 @@ def paged_attention_triton(
             window_size,
             future_offset,
             sink_size,
-            window_splits,
         ),
         block_n,
         num_stages,
@@ -554,7 +550,6 @@ def _launch(
     window_size,
     future_offset,
     sink_size,
-    window_splits,
 ) -> None:
     """Launch the attention kernel (and the split combine) with ``cfg`` into ``out``."""
     num_tokens, num_heads, head_dim = query.shape
@@ -598,7 +593,6 @@ def _launch(
         parts,
         lse,
         float(scale) * _LOG2E,
-        cfg.tokens_per_split,
         cfg.num_splits,
         seq_lens if kv_offset is None else kv_offset,
         window_size or 0,
@@ -620,7 +614,6 @@ def _launch(
         UPCAST_DOT=_upcast_dot(query),
         EXACT_TILES=cfg.exact_tiles,
         HEADS_FIRST=cfg.heads_first,
-        WINDOW_SPLITS=window_splits,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
