@@ -33,8 +33,14 @@ repeat's tokens against ``nospec``'s.
 ``--families draft_model`` / ``--families eagle`` / ``--families eagle3`` split the sweep
 (later calls can reuse the first call's ``nospec`` cells with ``--baseline FIRST.json``);
 ``--max-seconds`` stops cleanly (no new engine or cell past it; results so far written).
+``--side-by-side`` starts every engine at once and runs each cell on all of them in turn
+(``benchmarks/engine_schedule.py``): the engines' starts overlap and each ratio's cells are
+timed seconds apart; ``--kv-cache-gib`` then gives every engine the same KV cache
+(vLLM's ``kv_cache_memory_bytes``) however many share the GPU.
 ``--our-loop`` also runs the project's own loop (``dspark_research.speculative``) on
-the same weights and prompts (greedy, batch 1) and reports its tau beside vLLM's.
+the same weights and prompts (greedy, batch 1) and reports its tau beside vLLM's; its
+window reads exactly what vLLM's route reads (block 1, future offset K; see
+``--our-loop-block-size``).
 ``--plot-only RESULT.json`` rewrites the markdown table and the PNG (needs matplotlib).
 
 This file holds the engine workers and the sweep; the tables, ratios and plot made from
@@ -71,6 +77,7 @@ from bench_engine_report import (  # noqa: E402
     snapshot,
     summarize,
 )
+from engine_schedule import run_side_by_side  # noqa: E402
 
 FAMILIES = ("draft_model", "eagle", "eagle3")
 #: family -> (the pair's checkpoint directory, vLLM speculative method)
@@ -84,6 +91,10 @@ V1_RUNNER_FAMILIES = ("eagle3",)
 OUR_LOOP_FAMILIES = ("draft_model", "eagle")
 ENGINE_START_ESTIMATE_S = 60.0
 OUR_LOOP_RESERVE_S = 100.0
+#: GPU memory fraction all side-by-side engines share (each gets it / engines)
+SIDE_BY_SIDE_MEMORY = 0.85
+#: seconds a side-by-side engine may take to answer one cell
+REPLY_TIMEOUT_S = 240.0
 
 
 def log(msg: str) -> None:
@@ -165,6 +176,8 @@ def engine_kwargs(spec: dict) -> dict:
     )
     if spec.get("block_size"):
         kwargs["block_size"] = spec["block_size"]
+    if spec.get("kv_cache_memory_bytes"):
+        kwargs["kv_cache_memory_bytes"] = spec["kv_cache_memory_bytes"]
     if spec["setting"] != "nospec":
         speculative = {
             "method": spec["method"],
@@ -213,10 +226,11 @@ def worker_env(spec: dict) -> dict:
     return {"VLLM_USE_V2_MODEL_RUNNER": "0"} if spec.get("model_runner") == "v1" else {}
 
 
-def run_worker(spec_path: Path, out_path: Path) -> None:
+def start_engine(spec: dict):
+    """``(llm, engine)``: the ``vllm.LLM`` of ``spec`` (this process's environment set
+    first) and its record (start time, KV cache size and groups, runner)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    spec = json.loads(spec_path.read_text())
     os.environ.update(worker_env(spec))
     linked = neutral_draft_path(spec)
     if linked:
@@ -225,7 +239,7 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
             f"which vLLM reads as a method: using the link {linked}"
         )
         spec["draft"] = linked
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     started = time.time()
     llm = LLM(**engine_kwargs(spec))
@@ -257,6 +271,101 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
         "model_runner": spec.get("model_runner") or "default",
         "draft_path": spec.get("draft"),
     }
+    log(
+        f"{spec['family']}/{spec['setting']}: engine up in {init_s:.0f} s "
+        f"(KV cache {kv_tokens} tokens)"
+    )
+    return llm, engine
+
+
+def warm_up(llm, spec: dict) -> None:
+    """One short greedy request (not recorded) on the first prompt reversed: no measured
+    request shares a cached prefix with it."""
+    from vllm import SamplingParams
+
+    llm.generate(
+        [{"prompt_token_ids": spec["prompts"][str(spec["contexts"][0])][0][::-1]}],
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False),
+        use_tqdm=False,
+    )
+
+
+def cell_plan(spec: dict) -> list[tuple[float, int, int, int]]:
+    """The cells of an engine, in the order they run: ``(temperature, batch, context,
+    repeat)``, temperature-major, then batch, then repeat, then context (a sweep cut
+    short keeps every context at the same number of repeats)."""
+    return [
+        (float(temperature), batch, context, repeat)
+        for temperature in spec["temperatures"]
+        for batch in spec["batches"]
+        for repeat in range(spec["repeats"])
+        for context in batch_contexts(spec, batch)
+    ]
+
+
+def run_cell(llm, spec: dict, temperature: float, batch: int, context: int, repeat: int):
+    """One timed cell: ``generate`` on ``batch`` requests of ``context`` prompt tokens.
+    Batch 1: repeat r runs prompt r; batch B: prompts 0..B-1 (seeded per request when
+    sampling). Returns the cell's record; raises what ``generate`` raised."""
+    from vllm import SamplingParams
+
+    pool = spec["prompts"][str(context)]
+    k = spec["num_speculative_tokens"]
+    if batch == 1:
+        ids, first = [pool[repeat % len(pool)]], repeat % len(pool)
+    else:
+        ids, first = [pool[i % len(pool)] for i in range(batch)], 0
+    params = [
+        SamplingParams(
+            temperature=temperature,
+            max_tokens=spec["new_tokens"],
+            ignore_eos=True,
+            detokenize=False,
+            seed=(1000 * repeat + first + i) if temperature else None,
+        )
+        for i in range(len(ids))
+    ]
+    before = snapshot(llm.get_metrics())
+    t0 = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in ids], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    d = delta(before, snapshot(llm.get_metrics()))
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    n_out = sum(len(t) for t in tokens)
+    stats = cell_stats(d, k)
+    cell = {
+        "family": spec["family"],
+        "setting": spec["setting"],
+        "window": spec.get("window"),
+        "context": context,
+        "batch": batch,
+        "temperature": temperature,
+        "repeat": repeat,
+        "model_runner": spec.get("model_runner") or "default",
+        "wall_s": wall,
+        "output_tokens": n_out,
+        "tokens_per_s": n_out / wall,
+        **stats,
+        "decode_tokens_per_s": (
+            (spec["new_tokens"] - 1) / stats["decode_s"] if stats["decode_s"] else None
+        ),
+    }
+    # tokens for the losslessness check: greedy, batch 1 every repeat (different
+    # prompts), batch B the first repeat
+    if temperature == 0 and (batch == 1 or repeat == 0):
+        cell["tokens"] = tokens
+    log(
+        f"{spec['family']}/{spec['setting']} T={temperature} B={batch} ctx={context} "
+        f"r{repeat}: {cell['tokens_per_s']:.0f} tok/s, "
+        f"acceptance length {_fmt(stats['acceptance_length'])}"
+    )
+    return cell
+
+
+def run_worker(spec_path: Path, out_path: Path) -> None:
+    """One engine, its cells one after another (``cell_plan``), within its time share."""
+    spec = json.loads(spec_path.read_text())
+    llm, engine = start_engine(spec)
 
     def write(cells, done):
         engine["peak_memory_bytes"] = _peak_memory()
@@ -264,95 +373,56 @@ def run_worker(spec_path: Path, out_path: Path) -> None:
         engine["complete"] = done
         out_path.write_text(json.dumps({"engine": engine, "cells": cells}))
 
-    prompts = spec["prompts"]
-    k = spec["num_speculative_tokens"]
     cells: list[dict] = []
     write(cells, False)
-    log(
-        f"{spec['family']}/{spec['setting']}: engine up in {init_s:.0f} s "
-        f"(KV cache {kv_tokens} tokens)"
-    )
     # the engine's share of cell time counts from here, not from its launch
     cells_until = time.time() + spec["cell_seconds"]
-    # warm-up (not recorded): one short request
-    llm.generate(
-        [{"prompt_token_ids": prompts[str(spec["contexts"][0])][0]}],
-        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False),
-        use_tqdm=False,
-    )
-    for temperature in spec["temperatures"]:
-        for batch in spec["batches"]:
-            for context in batch_contexts(spec, batch):
-                pool = prompts[str(context)]
-                for repeat in range(spec["repeats"]):
-                    if stop_cells(time.time(), cells_until, spec["hard_deadline"], len(cells)):
-                        log("time share used: stopping this engine")
-                        write(cells, False)
-                        return
-                    if batch == 1:
-                        ids = [pool[repeat % len(pool)]]
-                        first = repeat % len(pool)
-                    else:
-                        ids = [pool[i % len(pool)] for i in range(batch)]
-                        first = 0
-                    params = [
-                        SamplingParams(
-                            temperature=temperature,
-                            max_tokens=spec["new_tokens"],
-                            ignore_eos=True,
-                            detokenize=False,
-                            seed=(1000 * repeat + first + i) if temperature else None,
-                        )
-                        for i in range(len(ids))
-                    ]
-                    before = snapshot(llm.get_metrics())
-                    t0 = time.perf_counter()
-                    try:
-                        outputs = llm.generate(
-                            [{"prompt_token_ids": p} for p in ids], params, use_tqdm=False
-                        )
-                    except Exception as error:  # noqa: BLE001  (recorded; next cell)
-                        engine.setdefault("errors", []).append(
-                            f"T={temperature} B={batch} ctx={context}: {error!r}"
-                        )
-                        log(f"cell failed: {engine['errors'][-1]}")
-                        break
-                    wall = time.perf_counter() - t0
-                    d = delta(before, snapshot(llm.get_metrics()))
-                    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-                    n_out = sum(len(t) for t in tokens)
-                    stats = cell_stats(d, k)
-                    cell = {
-                        "family": spec["family"],
-                        "setting": spec["setting"],
-                        "window": spec.get("window"),
-                        "context": context,
-                        "batch": batch,
-                        "temperature": temperature,
-                        "repeat": repeat,
-                        "model_runner": engine["model_runner"],
-                        "wall_s": wall,
-                        "output_tokens": n_out,
-                        "tokens_per_s": n_out / wall,
-                        **stats,
-                        "decode_tokens_per_s": (
-                            (spec["new_tokens"] - 1) / stats["decode_s"]
-                            if stats["decode_s"]
-                            else None
-                        ),
-                    }
-                    # tokens for the losslessness check: greedy, batch 1 every repeat
-                    # (different prompts), batch B the first repeat
-                    if temperature == 0 and (batch == 1 or repeat == 0):
-                        cell["tokens"] = tokens
-                    cells.append(cell)
-                    log(
-                        f"{spec['family']}/{spec['setting']} T={temperature} B={batch} "
-                        f"ctx={context} r{repeat}: {cell['tokens_per_s']:.0f} tok/s, "
-                        f"acceptance length {_fmt(stats['acceptance_length'])}"
-                    )
-                write(cells, False)
+    warm_up(llm, spec)
+    failed = set()  # (temperature, batch, context): a failed cell skips its repeats
+    for temperature, batch, context, repeat in cell_plan(spec):
+        if (temperature, batch, context) in failed:
+            continue
+        if stop_cells(time.time(), cells_until, spec["hard_deadline"], len(cells)):
+            log("time share used: stopping this engine")
+            write(cells, False)
+            return
+        try:
+            cells.append(run_cell(llm, spec, temperature, batch, context, repeat))
+        except Exception as error:  # noqa: BLE001  (recorded; next cell)
+            engine.setdefault("errors", []).append(
+                f"T={temperature} B={batch} ctx={context}: {error!r}"
+            )
+            log(f"cell failed: {engine['errors'][-1]}")
+            failed.add((temperature, batch, context))
+        write(cells, False)
     write(cells, True)
+
+
+def serve_worker(spec_path: Path, out_path: Path) -> None:
+    """One engine serving cells on request (the side-by-side schedule): one JSON line
+    per message on the original stdout (``{"ready": engine}`` once up and warm, then
+    ``{"cell": ...}`` or ``{"error": ...}`` per request, ``{"done": engine}`` at the
+    end); requests are JSON lines on stdin (``{"cell": [T, batch, context, repeat]}``
+    or ``{"quit": true}``). vLLM's own output goes to stderr (the engine's log)."""
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    spec = json.loads(spec_path.read_text())
+    llm, engine = start_engine(spec)
+    warm_up(llm, spec)
+    reply.write(json.dumps({"ready": engine}) + "\n")
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("quit"):
+            break
+        temperature, batch, context, repeat = request["cell"]
+        try:
+            message = {"cell": run_cell(llm, spec, temperature, batch, context, repeat)}
+        except Exception as error:  # noqa: BLE001  (reported; the orchestrator goes on)
+            message = {"error": f"T={temperature} B={batch} ctx={context}: {error!r}"}
+        reply.write(json.dumps(message) + "\n")
+    engine["peak_memory_bytes"] = _peak_memory()
+    reply.write(json.dumps({"done": engine}) + "\n")
+    out_path.write_text(json.dumps(engine))
 
 
 def _peak_memory() -> Optional[int]:
@@ -368,7 +438,9 @@ def _peak_memory() -> Optional[int]:
 
 # ---------------------------------------------------------------- our own loop (item 5)
 def run_our_loop(spec_path: Path, out_path: Path) -> None:
-    """Greedy tau of ``dspark_research.speculative``'s loop on the exported weights."""
+    """Greedy tau of ``dspark_research.speculative``'s loop on the exported weights: KV
+    block size ``spec["block_size"]`` (default 1) and future offset K, so with block 1
+    each windowed draft query reads exactly the W - K keys vLLM's route gives it."""
     import torch
 
     from dspark_research.speculative import hf_export
@@ -392,13 +464,14 @@ def run_our_loop(spec_path: Path, out_path: Path) -> None:
             if time.time() > spec["deadline"]:
                 break
             torch._dynamo.reset()
-            fn = compile_draft(draft, window, None, lowering)
+            # future offset K: each draft query keeps W - K keys, as vLLM's route does
+            fn = compile_draft(draft, window, None, lowering, {"future_offset": k})
             decoder = SpeculativeDecoder(
                 target,
                 draft,
                 num_speculative_tokens=k,
                 draft_fn=fn,
-                block_size=16,
+                block_size=spec.get("block_size", 1),
                 max_len=spec["max_len"],
             )
             for context in spec["contexts"]:
@@ -529,7 +602,31 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="default: the pair's max_model_len"
     )
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help=f"per engine (default 0.9; with --side-by-side {SIDE_BY_SIDE_MEMORY} / engines)",
+    )
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="each engine's KV cache size (vLLM's kv_cache_memory_bytes; GPU): the same "
+        "capacity in every engine however many share the GPU",
+    )
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="start every engine at once and run each cell on all of them in turn "
+        "(benchmarks/engine_schedule.py)",
+    )
+    parser.add_argument(
+        "--max-start-seconds",
+        type=float,
+        default=360.0,
+        help="with --side-by-side: engines not up by then are stopped",
+    )
     parser.add_argument(
         "--draft-attention-backend",
         default=None,
@@ -553,6 +650,13 @@ def main(argv=None) -> int:
         help="run no engine, only our loop (then --baseline is ignored)",
     )
     parser.add_argument("--our-loop-device", default=None)
+    parser.add_argument(
+        "--our-loop-block-size",
+        type=int,
+        default=1,
+        help="our loop's KV block size (default 1: with future offset K its window reads "
+        "exactly the W - K keys vLLM's route does; 16: the loop's default, up to 15 more)",
+    )
     parser.add_argument("--plot-only", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.plot_only:
@@ -650,24 +754,23 @@ def main(argv=None) -> int:
     if args.our_loop_only:
         plan, args.our_loop = [], True
     loop_reserve = OUR_LOOP_RESERVE_S if args.our_loop else 0.0
-    for index, (family, setting) in enumerate(plan):
-        remaining = deadline - loop_reserve - time.time()
-        # every engine left gets an equal share of the time left (cells run greedy
-        # batch 1 first, so a cut drops the sampled / batched cells first)
-        share = remaining / (len(plan) - index)
-        if share < ENGINE_START_ESTIMATE_S:
-            msg = f"not run (time): {family}/{setting}"
-            log(msg)
-            result["notes"].append(msg)
-            continue
+    memory = args.gpu_memory_utilization or (
+        round(SIDE_BY_SIDE_MEMORY / max(len(plan), 1), 3) if args.side_by_side else 0.9
+    )
+    kv_bytes = int(args.kv_cache_gib * 2**30) if args.kv_cache_gib else None
+    result["meta"]["gpu_memory_utilization"] = memory
+    result["meta"]["kv_cache_memory_bytes"] = kv_bytes
+
+    def engine_spec(family: str, setting: str) -> Optional[dict]:
+        """The worker spec of one engine (None: this setting does not exist for it)."""
         draft = pair / FAMILY_DRAFTS.get(family, ("draft", "draft_model"))[0]
         if setting == "native" and family == "eagle":
             log(NATIVE_EAGLE_NOTE)
             result["notes"].append(NATIVE_EAGLE_NOTE)
-            continue
+            return None
         if setting == "native":
             draft = native_draft(draft, workdir / f"{draft.name}-native", native_sw)
-        spec = {
+        return {
             "family": family,
             "setting": setting,
             "window": windows[setting],
@@ -681,7 +784,8 @@ def main(argv=None) -> int:
             "block_size": args.block_size,
             "max_model_len": args.max_model_len or report["max_model_len"],
             "max_num_seqs": max(batches),
-            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "gpu_memory_utilization": memory,
+            "kv_cache_memory_bytes": kv_bytes,
             "draft_attention_backend": args.draft_attention_backend,
             "contexts": contexts,
             "batches": batches,
@@ -690,16 +794,93 @@ def main(argv=None) -> int:
             "repeats": args.repeats,
             "new_tokens": args.new_tokens,
             "prompts": {str(c): prompts[str(c)] for c in contexts},
-            # cell time: the share less the engine's start; the first cell runs regardless
-            # of the share, within the hard limit (the child is killed at share + 30 s)
-            "cell_seconds": max(share - ENGINE_START_ESTIMATE_S, 0.0),
-            "hard_deadline": time.time() + share + 15,
         }
+
+    def engine_name(family: str, setting: str) -> str:
+        return setting if setting == "nospec" else f"{family}-{setting}"
+
+    if args.side_by_side and plan:
+        specs = {}
+        for family, setting in plan:
+            spec = engine_spec(family, setting)
+            if spec:
+                specs[engine_name(family, setting)] = spec
+        commands = {}
+        for name, spec in specs.items():
+            spec_path = workdir / f"{name}.spec.json"
+            spec_path.write_text(json.dumps(spec))
+            commands[name] = (
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--serve",
+                    str(spec_path),
+                    str(workdir / f"{name}.out.json"),
+                ],
+                dict(
+                    os.environ,
+                    PYTHONPATH=os.pathsep.join(
+                        p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p
+                    ),
+                    **worker_env(spec),
+                ),
+            )
+        cells = cell_plan(next(iter(specs.values()))) if specs else []
+        result["meta"]["schedule"] = (
+            "side by side: every engine started at once; each cell ran on every engine in "
+            "turn (order rotated by one per cell) before the next cell"
+        )
+        log(f"side by side: starting {len(specs)} engines at once, {len(cells)} cells each")
+
+        def progress(partial):
+            result["cells"] = base_cells + partial.cells
+            save()
+
+        base_cells = list(result["cells"])
+        got = run_side_by_side(
+            commands,
+            cells,
+            workdir,
+            start_deadline=min(started + args.max_start_seconds, deadline - loop_reserve),
+            deadline=deadline - loop_reserve,
+            reply_timeout=REPLY_TIMEOUT_S,
+            log=log,
+            on_progress=progress,
+        )
+        result["engines"] += list(got.engines.values())
+        result["cells"] = base_cells + got.cells
+        result["notes"] += got.notes
+        counts = {}
+        for c in got.cells:
+            key = engine_name(c["family"], c["setting"])
+            counts[key] = counts.get(key, 0) + 1
+        for engine in got.engines.values():
+            engine["cells"] = counts.get(engine_name(engine["family"], engine["setting"]), 0)
+            engine["complete"] = engine["cells"] == len(cells)
+        save()
+        plan = []
+    for index, (family, setting) in enumerate(plan):
+        remaining = deadline - loop_reserve - time.time()
+        # every engine left gets an equal share of the time left (cells run greedy
+        # batch 1 first, so a cut drops the sampled / batched cells first)
+        share = remaining / (len(plan) - index)
+        if share < ENGINE_START_ESTIMATE_S:
+            msg = f"not run (time): {family}/{setting}"
+            log(msg)
+            result["notes"].append(msg)
+            continue
+        spec = engine_spec(family, setting)
+        if spec is None:
+            continue
+        # cell time: the share less the engine's start; the first cell runs regardless
+        # of the share, within the hard limit (the child is killed at share + 30 s)
+        spec["cell_seconds"] = max(share - ENGINE_START_ESTIMATE_S, 0.0)
+        spec["hard_deadline"] = time.time() + share + 15
         log(
             f"engine {family}/{setting} (window {windows[setting]}), {remaining:.0f} s left, "
             f"{share:.0f} s for this engine"
         )
-        name = setting if setting == "nospec" else f"{family}-{setting}"
+        name = engine_name(family, setting)
         got = _child("--worker", spec, workdir, name, share + 30)
         if not got:
             result["notes"].append(
@@ -733,7 +914,12 @@ def main(argv=None) -> int:
                 "new_tokens": args.new_tokens,
                 "num_speculative_tokens": args.num_speculative_tokens,
                 "max_len": max(contexts) + args.new_tokens + 2 * args.num_speculative_tokens + 2,
+                "block_size": args.our_loop_block_size,
                 "deadline": deadline - 10,
+            }
+            result["meta"]["our_loop_window"] = {
+                "block_size": args.our_loop_block_size,
+                "future_offset": args.num_speculative_tokens,
             }
             rows = _child("--our-loop-worker", loop_spec, workdir, "our-loop", remaining - 5)
             result["our_loop"] = rows or []
@@ -751,6 +937,8 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         run_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--serve":
+        serve_worker(Path(sys.argv[2]), Path(sys.argv[3]))
     elif len(sys.argv) == 4 and sys.argv[1] == "--our-loop-worker":
         run_our_loop(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
