@@ -580,50 +580,99 @@ def _child(
     return None
 
 
-def main(argv=None) -> int:
+def _number(kind, low: float, high: Optional[float] = None, low_open: bool = True):
+    """An argparse type: ``kind(text)`` within (low, high] (``[low, ...`` if not low_open)."""
+    what = f"{'an' if kind is int else 'a'} {kind.__name__}"
+    allowed = f"{what} {'>' if low_open else '>='} {low:g}" + (
+        f" and <= {high:g}" if high is not None else ""
+    )
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        out_of_range = (value <= low if low_open else value < low) or (
+            high is not None and value > high
+        )
+        if out_of_range or value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {allowed}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _number_list(item):
+    """An argparse type: comma-separated ``item``s, at least one."""
+
+    def parse(text: str) -> list:
+        values = [item(t) for t in text.split(",") if t.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list")
+        return values
+
+    parse.__name__ = "list"
+    return parse
+
+
+POSITIVE_INT = _number(int, 0)
+POSITIVE_FLOAT = _number(float, 0.0)
+POSITIVE_INTS = _number_list(POSITIVE_INT)
+TEMPERATURES = _number_list(_number(float, 0.0, low_open=False))
+MEMORY_FRACTION = _number(float, 0.0, 1.0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (every numeric option checked by its type)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", type=Path, help="directory written by train_engine_pair.py")
     parser.add_argument("--out", type=Path, help="result JSON (markdown/PNG beside it)")
     parser.add_argument("--families", default="draft_model,eagle,eagle3")
     parser.add_argument("--settings", default=",".join(SETTINGS))
-    parser.add_argument("--contexts", default=None, help="default: the pair's contexts")
-    parser.add_argument("--batches", default="1,32")
+    parser.add_argument(
+        "--contexts", type=POSITIVE_INTS, default=None, help="default: the pair's contexts"
+    )
+    parser.add_argument("--batches", type=POSITIVE_INTS, default=[1, 32])
     parser.add_argument(
         "--batched-contexts",
+        type=POSITIVE_INTS,
         default=None,
         help="contexts of the batch > 1 cells (a subset of --contexts; default: all)",
     )
-    parser.add_argument("--temperatures", default="0,1")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--num-speculative-tokens", type=int, default=5)
+    parser.add_argument("--temperatures", type=TEMPERATURES, default=[0.0, 1.0])
+    parser.add_argument("--repeats", type=POSITIVE_INT, default=3)
+    parser.add_argument("--new-tokens", type=POSITIVE_INT, default=128)
+    parser.add_argument("--num-speculative-tokens", type=POSITIVE_INT, default=5)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--block-size", type=POSITIVE_INT, default=None)
     parser.add_argument(
-        "--max-model-len", type=int, default=None, help="default: the pair's max_model_len"
+        "--max-model-len", type=POSITIVE_INT, default=None, help="default: the pair's max_model_len"
     )
     parser.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=MEMORY_FRACTION,
         default=None,
         help=f"per engine (default 0.9; with --side-by-side {SIDE_BY_SIDE_MEMORY} / engines)",
     )
     parser.add_argument(
         "--kv-cache-gib",
-        type=float,
+        type=POSITIVE_FLOAT,
         default=None,
         help="each engine's KV cache size (vLLM's kv_cache_memory_bytes; GPU): the same "
         "capacity in every engine however many share the GPU",
     )
     parser.add_argument(
         "--side-by-side",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="start every engine at once and run each cell on all of them in turn "
-        "(benchmarks/engine_schedule.py)",
+        "(benchmarks/engine_schedule.py); --no-side-by-side (the default): one engine "
+        "after another, each alone on the device",
     )
     parser.add_argument(
         "--max-start-seconds",
-        type=float,
+        type=POSITIVE_FLOAT,
         default=360.0,
         help="with --side-by-side: engines not up by then are stopped",
     )
@@ -638,7 +687,7 @@ def main(argv=None) -> int:
         default=None,
         help="reuse the nospec cells of an earlier result JSON",
     )
-    parser.add_argument("--max-seconds", type=float, default=560.0)
+    parser.add_argument("--max-seconds", type=POSITIVE_FLOAT, default=560.0)
     parser.add_argument(
         "--our-loop",
         action="store_true",
@@ -652,12 +701,17 @@ def main(argv=None) -> int:
     parser.add_argument("--our-loop-device", default=None)
     parser.add_argument(
         "--our-loop-block-size",
-        type=int,
+        type=POSITIVE_INT,
         default=1,
         help="our loop's KV block size (default 1: with future offset K its window reads "
         "exactly the W - K keys vLLM's route does; 16: the loop's default, up to 15 more)",
     )
     parser.add_argument("--plot-only", type=Path, default=None)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.plot_only:
         result = json.loads(args.plot_only.read_text())
@@ -672,11 +726,13 @@ def main(argv=None) -> int:
     pair = args.pair.resolve()
     report = json.loads((pair / "train_report.json").read_text())
     prompts = json.loads((pair / "prompts.json").read_text())["prompts"]
-    contexts = (
-        [int(c) for c in args.contexts.split(",")]
-        if args.contexts
-        else [int(c) for c in sorted(prompts, key=int)]
-    )
+    contexts = args.contexts or [int(c) for c in sorted(prompts, key=int)]
+    missing = [c for c in contexts if str(c) not in prompts]
+    if missing:
+        parser.error(
+            f"--contexts: {missing} not in the pair's prompts.json "
+            f"(it has {sorted(prompts, key=int)})"
+        )
     families = [f for f in args.families.split(",") if f]
     settings = [s for s in args.settings.split(",") if s]
     for f in families:
@@ -685,10 +741,8 @@ def main(argv=None) -> int:
     for s in settings:
         if s not in SETTINGS:
             parser.error(f"--settings: {s!r} is not one of {SETTINGS}")
-    batches = [int(b) for b in args.batches.split(",")]
-    batched_contexts = (
-        [int(c) for c in args.batched_contexts.split(",")] if args.batched_contexts else None
-    )
+    batches = args.batches
+    batched_contexts = args.batched_contexts
     if batched_contexts and not set(batched_contexts) <= set(contexts):
         parser.error(
             f"--batched-contexts: {batched_contexts} is not a subset of the contexts {contexts}"
@@ -790,7 +844,7 @@ def main(argv=None) -> int:
             "contexts": contexts,
             "batches": batches,
             "batched_contexts": batched_contexts,
-            "temperatures": [float(t) for t in args.temperatures.split(",")],
+            "temperatures": args.temperatures,
             "repeats": args.repeats,
             "new_tokens": args.new_tokens,
             "prompts": {str(c): prompts[str(c)] for c in contexts},
