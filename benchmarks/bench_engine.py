@@ -138,6 +138,28 @@ NATIVE_EAGLE_NOTE = (
 )
 
 
+def replica_label(setting: str, replica: int) -> str:
+    """How replica ``replica`` (1-based) of a setting's engine is recorded: the setting
+    itself for the first, ``SETTING#r`` for the others."""
+    return setting if replica == 1 else f"{setting}#{replica}"
+
+
+def engine_plan(families: list[str], settings: list[str], replicas: int = 1) -> list[tuple]:
+    """``(family, setting, label)`` of every engine, in start order: one ``nospec``
+    engine shared by the families (family ``-``), then each family's other settings;
+    ``replicas`` engines of each, side by side in the plan (twins)."""
+    plan = [("-", "nospec")] if "nospec" in settings else []
+    plan += [(f, s) for f in families for s in settings if s != "nospec"]
+    return [(f, s, replica_label(s, r)) for f, s in plan for r in range(1, replicas + 1)]
+
+
+def engine_name(family: str, label: str) -> str:
+    """The engine's name (logs, spec files; ``#r`` written ``-rR``): ``nospec`` engines
+    are shared by families."""
+    name = label if label.split("#")[0] == "nospec" else f"{family}-{label}"
+    return name.replace("#", "-r")
+
+
 def stop_cells(now: float, cells_until: float, hard_deadline: float, cells_done: int) -> bool:
     """Whether an engine stops before its next cell: past the hard limit always; past its
     share of cell time (counted from the engine being up) only once a cell has run, so
@@ -262,7 +284,7 @@ def start_engine(spec: dict):
         pass
     engine = {
         "family": spec["family"],
-        "setting": spec["setting"],
+        "setting": spec.get("label", spec["setting"]),
         "window": spec.get("window"),
         "sliding_window": spec.get("sliding_window"),
         "init_s": init_s,
@@ -335,7 +357,7 @@ def run_cell(llm, spec: dict, temperature: float, batch: int, context: int, repe
     stats = cell_stats(d, k)
     cell = {
         "family": spec["family"],
-        "setting": spec["setting"],
+        "setting": spec.get("label", spec["setting"]),
         "window": spec.get("window"),
         "context": context,
         "batch": batch,
@@ -689,6 +711,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-seconds", type=POSITIVE_FLOAT, default=560.0)
     parser.add_argument(
+        "--replicas",
+        type=POSITIVE_INT,
+        default=1,
+        help="engine processes per setting (default 1); twins tell a per-process offset "
+        "from the setting's effect. Replica r > 1 is recorded as setting SETTING#r",
+    )
+    parser.add_argument(
         "--our-loop",
         action="store_true",
         help="also run dspark_research.speculative's loop (greedy, batch 1)",
@@ -803,8 +832,7 @@ def main(argv=None) -> int:
         result["engines"] += [e for e in base["engines"] if e["setting"] == "nospec"]
         result["notes"].append(f"nospec cells reused from {args.baseline}")
         settings = [s for s in settings if s != "nospec"]
-    plan = [("-", "nospec")] if "nospec" in settings else []
-    plan += [(f, s) for f in families for s in settings if s != "nospec"]
+    plan = engine_plan(families, settings, args.replicas)
     if args.our_loop_only:
         plan, args.our_loop = [], True
     loop_reserve = OUR_LOOP_RESERVE_S if args.our_loop else 0.0
@@ -815,8 +843,9 @@ def main(argv=None) -> int:
     result["meta"]["gpu_memory_utilization"] = memory
     result["meta"]["kv_cache_memory_bytes"] = kv_bytes
 
-    def engine_spec(family: str, setting: str) -> Optional[dict]:
-        """The worker spec of one engine (None: this setting does not exist for it)."""
+    def engine_spec(family: str, setting: str, label: str) -> Optional[dict]:
+        """The worker spec of one engine (None: this setting does not exist for it);
+        ``label``: the setting as recorded (``replica_label``)."""
         draft = pair / FAMILY_DRAFTS.get(family, ("draft", "draft_model"))[0]
         if setting == "native" and family == "eagle":
             log(NATIVE_EAGLE_NOTE)
@@ -827,6 +856,7 @@ def main(argv=None) -> int:
         return {
             "family": family,
             "setting": setting,
+            "label": label,
             "window": windows[setting],
             "sliding_window": native_sw if setting == "native" else None,
             "target": str(pair / "target"),
@@ -850,15 +880,12 @@ def main(argv=None) -> int:
             "prompts": {str(c): prompts[str(c)] for c in contexts},
         }
 
-    def engine_name(family: str, setting: str) -> str:
-        return setting if setting == "nospec" else f"{family}-{setting}"
-
     if args.side_by_side and plan:
         specs = {}
-        for family, setting in plan:
-            spec = engine_spec(family, setting)
+        for family, setting, label in plan:
+            spec = engine_spec(family, setting, label)
             if spec:
-                specs[engine_name(family, setting)] = spec
+                specs[engine_name(family, label)] = spec
         commands = {}
         for name, spec in specs.items():
             spec_path = workdir / f"{name}.spec.json"
@@ -913,17 +940,17 @@ def main(argv=None) -> int:
             engine["complete"] = engine["cells"] == len(cells)
         save()
         plan = []
-    for index, (family, setting) in enumerate(plan):
+    for index, (family, setting, label) in enumerate(plan):
         remaining = deadline - loop_reserve - time.time()
         # every engine left gets an equal share of the time left (cells run greedy
         # batch 1 first, so a cut drops the sampled / batched cells first)
         share = remaining / (len(plan) - index)
         if share < ENGINE_START_ESTIMATE_S:
-            msg = f"not run (time): {family}/{setting}"
+            msg = f"not run (time): {family}/{label}"
             log(msg)
             result["notes"].append(msg)
             continue
-        spec = engine_spec(family, setting)
+        spec = engine_spec(family, setting, label)
         if spec is None:
             continue
         # cell time: the share less the engine's start; the first cell runs regardless
@@ -931,21 +958,21 @@ def main(argv=None) -> int:
         spec["cell_seconds"] = max(share - ENGINE_START_ESTIMATE_S, 0.0)
         spec["hard_deadline"] = time.time() + share + 15
         log(
-            f"engine {family}/{setting} (window {windows[setting]}), {remaining:.0f} s left, "
+            f"engine {family}/{label} (window {windows[setting]}), {remaining:.0f} s left, "
             f"{share:.0f} s for this engine"
         )
-        name = engine_name(family, setting)
+        name = engine_name(family, label)
         got = _child("--worker", spec, workdir, name, share + 30)
         if not got:
             result["notes"].append(
-                f"{family}/{setting}: engine produced no result (log {workdir}/{name}.log)"
+                f"{family}/{label}: engine produced no result (log {workdir}/{name}.log)"
             )
         else:
             result["engines"].append(got["engine"])
             result["cells"] += got["cells"]
             if not got["engine"].get("complete"):
                 result["notes"].append(
-                    f"{family}/{setting}: stopped early ({got['engine']['cells']} cells)"
+                    f"{family}/{label}: stopped early ({got['engine']['cells']} cells)"
                 )
         save()
     if args.our_loop and any(f not in OUR_LOOP_FAMILIES for f in families):

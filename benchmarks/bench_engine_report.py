@@ -5,11 +5,14 @@ tests/test_engine_pair.py).
 Metrics: :func:`snapshot` of ``llm.get_metrics()`` before and after a cell, their
 :func:`delta`, :func:`cell_stats` (acceptance, per-position acceptance, TTFT, ITL).
 Cells: :func:`check_lossless` (greedy tokens against ``nospec``'s), :func:`summarize`
-(mean and std over repeats), :func:`markdown` (with :func:`ratio_lines`) and :func:`plot`.
+(mean and std over repeats), :func:`markdown` (with :func:`ratio_lines` and
+:func:`round_time_lines`) and :func:`plot`. A setting recorded as ``SETTING#r`` is the r-th
+engine of SETTING (``bench_engine.py --replicas``).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Iterable, Optional
@@ -95,6 +98,17 @@ def _mean_std(values: list) -> tuple[Optional[float], Optional[float]]:
 CELL_KEYS = ("family", "setting", "context", "batch", "temperature")
 
 
+def base_setting(label: str) -> str:
+    """The setting of a recorded label (``off#2``, a second engine of ``off``: ``off``)."""
+    return label.split("#")[0]
+
+
+def setting_order(label: str) -> tuple:
+    """Sort key of a recorded setting: ``SETTINGS`` order, then replica."""
+    base, _, replica = label.partition("#")
+    return (SETTINGS.index(base) if base in SETTINGS else len(SETTINGS), int(replica or 1))
+
+
 def summarize(cells: list[dict]) -> list[dict]:
     """One row per (family, setting, context, batch, temperature): mean and std over
     repeats of tokens/s, TTFT, ITL; acceptance pooled over the repeats' drafts."""
@@ -124,13 +138,12 @@ def summarize(cells: list[dict]) -> list[dict]:
         checked = [c["lossless"] for c in group if c.get("lossless") is not None]
         row["lossless"] = all(checked) if checked else None
         rows.append(row)
-    order = {s: i for i, s in enumerate(SETTINGS)}
     rows.sort(
         key=lambda r: (
             r["family"],
             r["batch"],
             r["temperature"],
-            order.get(r["setting"], 9),
+            setting_order(r["setting"]),
             r["context"],
         )
     )
@@ -180,7 +193,7 @@ def ratio_lines(rows: list[dict], contexts: list[int]) -> list[str]:
     ]
     keys = sorted(
         {k[:4] for k in by if k[3] not in ("nospec", "off")},
-        key=lambda k: (k[0], k[1], k[2], SETTINGS.index(k[3])),
+        key=lambda k: (k[0], k[1], k[2], setting_order(k[3])),
     )
     for family, batch, temperature, setting in keys:
         cells = []
@@ -199,6 +212,54 @@ def ratio_lines(rows: list[dict], contexts: list[int]) -> list[str]:
             cells.append(", ".join(parts))
         lines.append(
             f"| {family} | {batch} | {temperature} | {setting} | " + " | ".join(cells) + " |"
+        )
+    return lines + [""]
+
+
+def round_time_ratios(cells: list[dict]) -> dict:
+    """``{(family, batch, T, setting, context): [ITL ratio per repeat]}``: each cell's ITL
+    (one engine step: a speculative round) over the ``off`` cell of the same family, batch,
+    temperature, context and repeat (the same prompt). Where acceptance is unchanged
+    (e.g. W >= the context), the ratio is the setting's whole cost in tokens/s."""
+
+    def key(c: dict) -> tuple:
+        return (c["family"], c["batch"], c["temperature"], c["context"], c["repeat"])
+
+    off = {key(c): c for c in cells if c["setting"] == "off" and c.get("itl_s")}
+    out: dict = {}
+    for c in cells:
+        base = off.get(key(c))
+        if c["setting"] in ("off", "nospec") or not base or not c.get("itl_s"):
+            continue
+        k = (c["family"], c["batch"], c["temperature"], c["setting"], c["context"])
+        out.setdefault(k, []).append(c["itl_s"] / base["itl_s"])
+    return out
+
+
+def round_time_lines(cells: list[dict], contexts: list[int]) -> list[str]:
+    """Markdown: ``round_time_ratios`` per setting and context, geometric mean over the
+    repeats (their count in brackets)."""
+    ratios = round_time_ratios(cells)
+    if not ratios:
+        return []
+    lines = [
+        "## Round time over `off` (ITL of the same prompt; geometric mean over repeats)",
+        "",
+        "| family | batch | T | setting | " + " | ".join(map(str, contexts)) + " |",
+        "|---|---:|---:|---|" + "---:|" * len(contexts),
+    ]
+    keys = sorted({k[:4] for k in ratios}, key=lambda k: (k[0], k[1], k[2], setting_order(k[3])))
+    for family, batch, temperature, setting in keys:
+        cells_md = []
+        for c in contexts:
+            values = ratios.get((family, batch, temperature, setting, c))
+            if values:
+                geo = math.exp(sum(math.log(v) for v in values) / len(values))
+                cells_md.append(f"{geo:.2f} ({len(values)})")
+            else:
+                cells_md.append("")
+        lines.append(
+            f"| {family} | {batch} | {temperature} | {setting} | " + " | ".join(cells_md) + " |"
         )
     return lines + [""]
 
@@ -263,6 +324,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ratio_lines(rows, contexts)
+    lines += round_time_lines(result.get("cells", []), contexts)
     lines += [
         "## Engines",
         "",
@@ -315,7 +377,9 @@ def plot(result: dict, path: Path) -> None:
     rows = [r for r in result["summary"] if r["temperature"] == 0]
     if not rows:
         return
-    families = sorted({r["family"] for r in rows if r["setting"] != "nospec"}) or ["draft_model"]
+    families = sorted({r["family"] for r in rows if base_setting(r["setting"]) != "nospec"}) or [
+        "draft_model"
+    ]
     batches = sorted({r["batch"] for r in rows})
     fig, axes = plt.subplots(
         2,
@@ -324,14 +388,14 @@ def plot(result: dict, path: Path) -> None:
         figsize=(5 * len(families) * len(batches), 8),
     )
     for col, (family, batch) in enumerate((f, b) for f in families for b in batches):
-        for setting in SETTINGS:
+        for setting in sorted({r["setting"] for r in rows}, key=setting_order):
             sel = sorted(
                 (
                     r
                     for r in rows
                     if r["batch"] == batch
                     and r["setting"] == setting
-                    and (r["family"] == family or setting == "nospec")
+                    and (r["family"] == family or base_setting(setting) == "nospec")
                 ),
                 key=lambda r: r["context"],
             )

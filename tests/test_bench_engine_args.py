@@ -78,3 +78,35 @@ def test_side_by_side_can_be_turned_off_after_a_script_turned_it_on(tmp_path):
         ([], False),
     ):
         assert bench_engine.build_parser().parse_args(common + flags).side_by_side is expected
+
+
+def test_the_engine_plan_starts_twins_of_every_setting():
+    plan = bench_engine.engine_plan(["draft_model", "eagle3"], ["nospec", "off", "w1x"], 2)
+    assert plan == [
+        ("-", "nospec", "nospec"),
+        ("-", "nospec", "nospec#2"),
+        ("draft_model", "off", "off"),
+        ("draft_model", "off", "off#2"),
+        ("draft_model", "w1x", "w1x"),
+        ("draft_model", "w1x", "w1x#2"),
+        ("eagle3", "off", "off"),
+        ("eagle3", "off", "off#2"),
+        ("eagle3", "w1x", "w1x"),
+        ("eagle3", "w1x", "w1x#2"),
+    ]
+    assert bench_engine.engine_plan(["draft_model"], ["off", "w2x"]) == [
+        ("draft_model", "off", "off"),
+        ("draft_model", "w2x", "w2x"),
+    ]
+    names = {bench_engine.engine_name(f, label) for f, _, label in plan}
+    assert len(names) == len(plan)  # one log / spec file per engine
+    assert bench_engine.engine_name("-", "nospec#2") == "nospec-r2"
+    assert bench_engine.engine_name("eagle3", "w1x#2") == "eagle3-w1x-r2"
+
+
+def test_replicas_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench_engine.main(
+            ["--pair", str(tmp_path), "--out", str(tmp_path / "r.json"), "--replicas", "0"]
+        )
+    assert "argument --replicas: '0': expected an int > 0" in capsys.readouterr().err

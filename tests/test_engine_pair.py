@@ -663,3 +663,63 @@ def test_a_draft_model_path_vllm_would_read_as_eagle3_is_linked_neutrally(tmp_pa
     # other methods name their draft themselves; neutral paths stay
     assert be.neutral_draft_path({"method": "eagle3", "draft": str(src)}) is None
     assert be.neutral_draft_path({"method": "draft_model", "draft": "/pair/draft"}) is None
+
+
+def test_twin_engines_are_reported_apart_and_round_time_is_per_prompt(tmp_path):
+    """``--replicas``: a setting's second engine is recorded as ``SETTING#2``; every table
+    keeps it apart, and the round-time table divides each cell's ITL by ``off``'s on the
+    same prompt (repeat), geometric mean over repeats."""
+    import bench_engine_report as be
+
+    def cell(setting, repeat, itl, family="draft_model"):
+        c = _cell(setting, 512, repeat, 100.0, 10, 10, [6, 4], window=None)
+        c.update(family=family if setting.split("#")[0] != "nospec" else "-", itl_s=itl)
+        return c
+
+    cells = [
+        cell("nospec", 0, 0.002),
+        cell("nospec#2", 0, 0.002),
+        cell("off", 0, 0.010),
+        cell("off", 1, 0.020),
+        cell("off#2", 0, 0.011),
+        cell("off#2", 1, 0.022),
+        cell("w2x", 0, 0.012),
+        cell("w2x", 1, 0.030),
+        cell("w2x#2", 0, 0.010),
+    ]
+    ratios = be.round_time_ratios(cells)
+    assert ratios[("draft_model", 1, 0.0, "w2x", 512)] == pytest.approx([1.2, 1.5])
+    assert ratios[("draft_model", 1, 0.0, "off#2", 512)] == pytest.approx([1.1, 1.1])
+    assert ratios[("draft_model", 1, 0.0, "w2x#2", 512)] == pytest.approx([1.0])
+    assert not any(k[3].startswith("nospec") or k[3] == "off" for k in ratios)
+    rows = be.summarize(cells)
+    assert [r["setting"] for r in rows if r["family"] == "draft_model"] == [
+        "off",
+        "off#2",
+        "w2x",
+        "w2x#2",
+    ]
+    result = {"meta": {}, "summary": rows, "cells": cells, "engines": []}
+    md = be.markdown(result)
+    table = md.split("## Round time over `off`")[1].split("\n## ")[0]
+    assert "| draft_model | 1 | 0.0 | w2x | 1.34 (2) |" in table  # sqrt(1.2 * 1.5)
+    assert "| draft_model | 1 | 0.0 | off#2 | 1.10 (2) |" in table
+    assert "| draft_model | 1 | 0.0 | w2x#2 | 1.00 (1) |" in table
+    be.plot(result, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_sort_order_of_settings_and_their_twins():
+    import bench_engine_report as be
+
+    labels = ["w2x#2", "off", "nospec#2", "w1x", "off#3", "nospec", "off#2"]
+    assert sorted(labels, key=be.setting_order) == [
+        "nospec",
+        "nospec#2",
+        "off",
+        "off#2",
+        "off#3",
+        "w1x",
+        "w2x#2",
+    ]
+    assert be.base_setting("off#2") == "off" and be.base_setting("w1x") == "w1x"
