@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -69,6 +70,7 @@ sys.path.insert(0, str(HERE))
 from bench_engine_report import (  # noqa: E402
     SETTINGS,
     _fmt,
+    base_setting,
     cell_stats,
     check_lossless,
     delta,
@@ -156,7 +158,7 @@ def engine_plan(families: list[str], settings: list[str], replicas: int = 1) -> 
 def engine_name(family: str, label: str) -> str:
     """The engine's name (logs, spec files; ``#r`` written ``-rR``): ``nospec`` engines
     are shared by families."""
-    name = label if label.split("#")[0] == "nospec" else f"{family}-{label}"
+    name = label if base_setting(label) == "nospec" else f"{family}-{label}"
     return name.replace("#", "-r")
 
 
@@ -617,7 +619,7 @@ def _number(kind, low: float, high: Optional[float] = None, low_open: bool = Tru
         out_of_range = (value <= low if low_open else value < low) or (
             high is not None and value > high
         )
-        if out_of_range or value != value or value in (float("inf"), float("-inf")):
+        if out_of_range or not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r}: expected {allowed}")
         return value
 
