@@ -185,11 +185,13 @@ def layer_name_str(value: Any) -> Optional[str]:
 # -- attention metadata and layers ----------------------------------------------------
 
 
+@functools.cache
 def metadata_classes() -> dict[str, type]:
     """Metadata class per backend name, for the backends this vLLM ships:
     ``FlashAttentionMetadata``, ``TritonAttentionMetadata``, ``CPUAttentionMetadata`` in
     ``vllm/v1/attention/backends/`` (0.26.0 - 0.34.0; CPU builds may lack FlashAttention,
-    GPU builds the CPU backend)."""
+    GPU builds the CPU backend). Looked up once per process (read every windowed draft
+    call; a failed import is retried by Python each time); callers must not mutate it."""
     classes: dict[str, type] = {}
     try:
         from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
@@ -223,9 +225,12 @@ def set_native_sliding_window(layer: Any, value: Any) -> None:
     layer.impl.sliding_window = value
 
 
+@functools.cache
 def cpu_attn_ops() -> Any:
     """The vLLM module with ``cpu_attn_get_scheduler_metadata``: ``vllm._cpu_ops`` (0.34.0;
-    what its CPU attention backend calls), else ``vllm._custom_ops`` (0.26.0 to 0.33.0)."""
+    what its CPU attention backend calls), else ``vllm._custom_ops`` (0.26.0 to 0.33.0).
+    Looked up once per process: a failed import is not cached by Python and searches
+    the file system again, which cost ~60 us per windowed CPU draft call."""
     try:
         from vllm import _cpu_ops as ops
     except ImportError:

@@ -18,7 +18,6 @@ from dspark_compile.arithmetic.window import (
     first_query_window_columns,
     first_query_window_start,
     query_lens,
-    table_columns,
     windowed_len_bound,
 )
 from dspark_compile.config import WindowSpec
@@ -102,21 +101,19 @@ def _window_table_torch(
     new_table: torch.Tensor,
 ) -> None:
     """Windowed lengths into ``new_lens [R]`` and table into ``new_table [R, cols]``
-    (module doc; the reference of ``query_window_table_triton``)."""
+    (module doc; the reference of ``query_window_table_triton``): column ``j`` of row
+    ``r`` is ``table[r, start_block[r] + j]`` while ``j`` is below the row's needed
+    blocks and inside the table, else 0. Few ops and no temporaries beyond them: on
+    CPU these ops window the draft's metadata on every draft forward."""
     width, cols = table.shape[1], new_table.shape[1]
     start = window_start(seq_lens, query_start_loc, spec, causal)
     torch.sub(seq_lens, start, out=new_lens)
-    offsets = torch.arange(cols, device=table.device, dtype=table.dtype)
-    start_block = torch.div(start, spec.block_size, rounding_mode="floor").to(table.dtype)
-    src = table_columns(offsets, start_block[:, None], None)
-    needed = torch.div(new_lens + spec.block_size - 1, spec.block_size, rounding_mode="floor").to(
-        table.dtype
-    )
-    valid = (offsets[None, :] < needed[:, None]) & (src < width)
-    gathered = torch.gather(table, 1, torch.clamp(src, max=width - 1).long())
-    torch.where(
-        valid, gathered, torch.zeros((), dtype=table.dtype, device=table.device), out=new_table
-    )
+    offsets = torch.arange(cols, device=table.device, dtype=torch.int64)
+    src = torch.div(start, spec.block_size, rounding_mode="floor").long().unsqueeze(1) + offsets
+    needed = torch.div(new_lens + (spec.block_size - 1), spec.block_size, rounding_mode="floor")
+    valid = (offsets < needed.unsqueeze(1)) & (src < width)
+    gathered = torch.gather(table, 1, src.clamp_(max=width - 1))
+    torch.mul(gathered, valid, out=new_table)
 
 
 def window_attention_metadata(
