@@ -11,6 +11,7 @@ again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Mapping, Optional
 
@@ -180,6 +181,16 @@ class WindowSpec:
     def tokens(self) -> int:
         """``W - K``."""
         return self.window_size - self.future_offset
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256, typed=True)
+    def cached(
+        window_size: int, future_offset: int, block_size: int, sink_size: int = 0
+    ) -> WindowSpec:
+        """``WindowSpec(window_size, future_offset, block_size, sink_size)``, built and
+        validated once per distinct arguments (``typed``: ``True`` is not ``1``); the
+        vLLM route asks for one on every draft-layer call."""
+        return WindowSpec(window_size, future_offset, block_size, sink_size)
 
     @classmethod
     def from_config(cls, config: DraftWindowConfig, block_size: Optional[int] = None) -> WindowSpec:

@@ -124,3 +124,17 @@ def test_window_spec_from_config_and_its_tokens():
         WindowSpec.from_config(DraftWindowConfig(draft_window_size=64))
     with pytest.raises(ValueError, match="window is off"):
         WindowSpec.from_config(DraftWindowConfig(), block_size=16)
+
+
+def test_cached_window_spec_is_validated_once_per_distinct_arguments():
+    from dspark_compile.config import WindowSpec
+
+    spec = WindowSpec.cached(64, 5, 16)
+    assert spec == WindowSpec(64, 5, 16) and spec.tokens == 59
+    assert WindowSpec.cached(64, 5, 16) is spec
+    assert WindowSpec.cached(64, 5, 16, 4) == WindowSpec(64, 5, 16, 4)
+    with pytest.raises(ValueError, match="future_offset=64 must be < window_size=64"):
+        WindowSpec.cached(64, 64, 16)
+    # typed: a bool is not the int it equals, and is refused as WindowSpec refuses it
+    with pytest.raises(ValueError, match="window_size"):
+        WindowSpec.cached(True, 0, 16)

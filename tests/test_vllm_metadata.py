@@ -272,6 +272,54 @@ def test_flash_aot_schedule_dropped_for_replanning():
     assert out.max_num_splits == 4
 
 
+def test_windowed_metadata_is_a_shallow_copy_of_vllms():
+    """Same class, every field the original's object except the windowed ones, as
+    ``copy.copy`` gives; the original keeps its own values."""
+    import copy
+    import dataclasses
+
+    from dspark_compile.integrations.vllm.backends import shallow_copy
+
+    for metadata in (flash_metadata([300, 40]), triton_metadata([300, 40])):
+        out = shallow_copy(metadata)
+        reference = copy.copy(metadata)
+        assert type(out) is type(metadata) and out is not metadata
+        for field in dataclasses.fields(metadata):
+            assert getattr(out, field.name) is getattr(reference, field.name), field.name
+        out.seq_lens = None
+        assert metadata.seq_lens is not None
+
+    class Slotted:
+        __slots__ = ("a",)
+
+        def __init__(self):
+            self.a = [1]
+
+    class OwnCopy:
+        def __init__(self):
+            self.a = [1]
+
+        def __copy__(self):
+            new = OwnCopy()
+            new.a = list(self.a)
+            return new
+
+    slotted, own = Slotted(), OwnCopy()
+    assert shallow_copy(slotted).a is slotted.a  # copy.copy's answer
+    assert shallow_copy(own).a == own.a and shallow_copy(own).a is not own.a
+
+
+def test_buffer_views_are_made_once_per_shape_and_share_storage():
+    buf = WindowBuffers(4, 12, torch.device("cpu"), torch.int32, torch.int32)
+    lens, table = buf.views(3, 5)
+    assert buf.views(3, 5)[0] is lens and buf.views(3, 5)[1] is table
+    assert lens.shape == (3,) and table.shape == (3, 5)
+    table[2, 4] = 7
+    lens[1] = 9
+    assert buf.block_table[2, 4] == 7 and buf.seq_lens[1] == 9
+    assert buf.views(2, 5)[1].shape == (2, 5)
+
+
 @pytest.mark.parametrize(
     "field,feature",
     [

@@ -96,7 +96,7 @@ def unified_attention_with_output_windowed(
             set_native_window(
                 layer,
                 metadata_backend(attn_metadata),
-                WindowSpec(window_size, future_offset, kernel_block_size(kv_cache)).tokens,
+                WindowSpec.cached(window_size, future_offset, kernel_block_size(kv_cache)).tokens,
                 is_causal(attn_metadata),
             )
             attn_metadata = STEP_WINDOWS.windowed(

@@ -8,6 +8,7 @@ attention's scheduler metadata. vLLM itself is reached through ``seam`` only.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -68,6 +69,25 @@ def check_supported(metadata: Any) -> None:
                 f"{type(metadata).__name__}.{field} is set ({feature}): the draft window "
                 f"does not support {feature}"
             )
+
+
+def shallow_copy(metadata: Any) -> Any:
+    """A new metadata object of the same class sharing every field's value: what
+    ``copy.copy`` gives for vLLM's plain dataclass metadata, without its
+    ``__reduce_ex__`` round trip (this runs on every windowed draft forward). Classes
+    with ``__slots__``, ``__copy__`` or their own ``__getstate__`` go to ``copy.copy``."""
+    cls = type(metadata)
+    plain = (
+        hasattr(metadata, "__dict__")
+        and "__slots__" not in cls.__dict__
+        and not hasattr(cls, "__copy__")
+        and getattr(cls, "__getstate__", None) is getattr(object, "__getstate__", None)
+    )
+    if not plain:
+        return copy.copy(metadata)
+    out = cls.__new__(cls)
+    out.__dict__.update(metadata.__dict__)
+    return out
 
 
 def native_window_value(backend: str, tokens: int) -> Any:

@@ -10,7 +10,6 @@ token, each the decode-form window (``arithmetic.window.compute_window``) of
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from dspark_compile.integrations.vllm.backends import (
     cpu_scheduler_metadata,
     is_causal,
     metadata_backend,
+    shallow_copy,
 )
 
 
@@ -150,7 +150,7 @@ def sink_window_metadata(
     else:
         new_lens.zero_()
         new_table.zero_()
-    out = copy.copy(metadata)
+    out = shallow_copy(metadata)
     out.seq_lens = new_lens
     out.block_table = new_table
     out.max_seq_len = min(

@@ -72,7 +72,9 @@ class StepWindows:
         if hit is not None and hit[0] is metadata:
             return hit[1]
         if sink_size:
-            spec = WindowSpec(window_size, future_offset, kernel_block_size(kv_cache), sink_size)
+            spec = WindowSpec.cached(
+                window_size, future_offset, kernel_block_size(kv_cache), sink_size
+            )
             buffers = self._sink_buffers_for(
                 layer_name, metadata, spec, max_num_seqs, max_num_tokens
             )
@@ -82,7 +84,7 @@ class StepWindows:
             else:
                 self.stats.metadata_sinks_noncausal += 1
         else:
-            spec = WindowSpec(window_size, future_offset, kernel_block_size(kv_cache))
+            spec = WindowSpec.cached(window_size, future_offset, kernel_block_size(kv_cache))
             buffers = self._buffers_for(layer_name, metadata, spec, max_num_seqs)
             result = token_window.window_attention_metadata(
                 metadata, buffers, spec, layer, query_dtype

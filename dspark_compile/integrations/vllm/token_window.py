@@ -9,7 +9,6 @@ window (``backends.set_native_window``) decides what each token reads.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from dspark_compile.integrations.vllm.backends import (
     cpu_scheduler_metadata,
     is_causal,
     metadata_backend,
+    shallow_copy,
 )
 
 
@@ -47,6 +47,16 @@ class WindowBuffers:
     ) -> None:
         self.seq_lens = torch.zeros(max_num_reqs, dtype=seq_lens_dtype, device=device)
         self.block_table = torch.zeros(max_num_reqs, table_width, dtype=table_dtype, device=device)
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def views(self, num_reqs: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(seq_lens[:num_reqs], block_table[:num_reqs, :cols])``, made once per shape
+        (the views share the buffers' storage)."""
+        views = self._views.get((num_reqs, cols))
+        if views is None:
+            views = (self.seq_lens[:num_reqs], self.block_table[:num_reqs, :cols])
+            self._views[(num_reqs, cols)] = views
+        return views
 
     def check_fits(self, seq_lens: torch.Tensor, block_table: torch.Tensor) -> None:
         num_reqs, width = block_table.shape
@@ -141,8 +151,7 @@ def window_attention_metadata(
     causal = is_causal(metadata)
     max_query_len = int(metadata.max_query_len) if causal else 1
     cols = window_columns(max_query_len, width, spec)
-    new_lens = buffers.seq_lens[:num_reqs]
-    new_table = buffers.block_table[:num_reqs, :cols]
+    new_lens, new_table = buffers.views(num_reqs, cols)
     if width and (table.is_cuda if use_triton is None else use_triton):
         from dspark_compile.kernels.window_metadata import query_window_table_triton
 
@@ -160,7 +169,7 @@ def window_attention_metadata(
         _window_table_torch(
             seq_lens, metadata.query_start_loc, table, spec, causal, new_lens, new_table
         )
-    out = copy.copy(metadata)
+    out = shallow_copy(metadata)
     out.seq_lens = new_lens
     out.block_table = new_table
     bound = windowed_len_bound(spec.window_size, spec.block_size, spec.future_offset, max_query_len)
