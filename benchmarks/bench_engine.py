@@ -15,7 +15,10 @@ each in its own subprocess, one after another, reused across every cell: context
 concurrent requests) x temperature (0: greedy, 1: sampling, seeded per request) x
 repeat. Settings: ``nospec`` (no speculation; shared by both families), ``off`` (the
 draft, no window), ``w1x`` (W = the draft's training context), ``w2x`` (W = 2x),
-``native`` (no window of ours: the draft's own ``config.json`` declares its layers
+``w1x-fullkv`` / ``w2x-fullkv`` (the same windows with the draft's full KV cache,
+``additional_config["draft_window_kv_memory"] = False``: the window's attention route
+without its KV-memory bound, to tell the two costs apart; only when ``--settings``
+names them), ``native`` (no window of ours: the draft's own ``config.json`` declares its layers
 sliding-window, ``sliding_window = W - K`` for W = the training context, the route of
 ``benchmarks/repro_native_swa_draft.py``; its greedy cells show whether the target's
 output survives; `draft_model` and `eagle3`, whose one layer vLLM indexes draft-relative;
@@ -68,6 +71,7 @@ sys.path.insert(0, str(HERE))
 
 # The tables, ratios and plot from the cells (no engine): bench_engine_report.py.
 from bench_engine_report import (  # noqa: E402
+    DEFAULT_SETTINGS,
     SETTINGS,
     _fmt,
     base_setting,
@@ -76,6 +80,8 @@ from bench_engine_report import (  # noqa: E402
     delta,
     markdown,
     plot,
+    setting_kv_memory,
+    setting_window,
     snapshot,
     summarize,
 )
@@ -213,6 +219,8 @@ def engine_kwargs(spec: dict) -> dict:
         kwargs["speculative_config"] = speculative
     if spec.get("window"):
         kwargs["additional_config"] = {"draft_window_size": spec["window"]}
+        if spec.get("kv_memory") is False:
+            kwargs["additional_config"]["draft_window_kv_memory"] = False
     return kwargs
 
 
@@ -653,7 +661,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pair", type=Path, help="directory written by train_engine_pair.py")
     parser.add_argument("--out", type=Path, help="result JSON (markdown/PNG beside it)")
     parser.add_argument("--families", default="draft_model,eagle,eagle3")
-    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument(
+        "--settings",
+        default=",".join(DEFAULT_SETTINGS),
+        help=f"comma-separated, of {', '.join(SETTINGS)} (default: %(default)s); "
+        "the -fullkv settings run the window with the draft's full KV cache "
+        "(additional_config draft_window_kv_memory=False)",
+    )
     parser.add_argument(
         "--contexts", type=POSITIVE_INTS, default=None, help="default: the pair's contexts"
     )
@@ -779,7 +793,7 @@ def main(argv=None) -> int:
             f"--batched-contexts: {batched_contexts} is not a subset of the contexts {contexts}"
         )
     c0 = report["draft_context"]
-    windows = {"nospec": None, "off": None, "w1x": c0, "w2x": 2 * c0, "native": None}
+    windows = {s: setting_window(s, c0) for s in SETTINGS}
     native_sw = native_sliding_window(c0, args.num_speculative_tokens)
     need = max(batches)
     for c in contexts:
@@ -860,6 +874,7 @@ def main(argv=None) -> int:
             "setting": setting,
             "label": label,
             "window": windows[setting],
+            "kv_memory": setting_kv_memory(setting),
             "sliding_window": native_sw if setting == "native" else None,
             "target": str(pair / "target"),
             "draft": str(draft),
@@ -990,7 +1005,11 @@ def main(argv=None) -> int:
                 "device": args.our_loop_device or ("cuda" if "cpu" not in _device() else "cpu"),
                 "pair": str(pair),
                 "families": [f for f in families if f in OUR_LOOP_FAMILIES],
-                "settings": [(s, windows[s]) for s in settings if s not in ("nospec", "native")],
+                "settings": [
+                    (s, windows[s])
+                    for s in settings
+                    if s not in ("nospec", "native") and setting_kv_memory(s)
+                ],
                 "contexts": contexts,
                 "prompts": {str(c): prompts[str(c)] for c in contexts},
                 "repeats": args.repeats,

@@ -17,7 +17,12 @@ import statistics
 from pathlib import Path
 from typing import Iterable, Optional
 
-SETTINGS = ("nospec", "off", "w1x", "w2x", "native")
+SETTINGS = ("nospec", "off", "w1x", "w2x", "w1x-fullkv", "w2x-fullkv", "native")
+#: What ``bench_engine.py`` runs unless ``--settings`` says otherwise.
+DEFAULT_SETTINGS = ("nospec", "off", "w1x", "w2x", "native")
+#: Settings that keep the draft's full KV cache (``additional_config
+#: ["draft_window_kv_memory"] = False``): the window's attention without its KV-memory bound.
+FULL_KV_SUFFIX = "-fullkv"
 SPEC_PREFIX = "vllm:spec_decode"
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
@@ -96,6 +101,21 @@ def _mean_std(values: list) -> tuple[Optional[float], Optional[float]]:
 
 
 CELL_KEYS = ("family", "setting", "context", "batch", "temperature")
+
+
+def setting_window(setting: str, draft_context: int) -> Optional[int]:
+    """W of a setting: ``w1x`` / ``w1x-fullkv`` the draft's training context, ``w2x`` /
+    ``w2x-fullkv`` twice it, None for ``nospec``, ``off`` and ``native``."""
+    if setting not in SETTINGS:
+        raise ValueError(f"setting={setting!r} is not one of {SETTINGS}")
+    multiple = {"w1x": 1, "w2x": 2}.get(setting.removesuffix(FULL_KV_SUFFIX))
+    return None if multiple is None else multiple * draft_context
+
+
+def setting_kv_memory(setting: str) -> bool:
+    """Whether a windowed setting keeps the window's draft KV-memory bound (the default);
+    False for the ``-fullkv`` settings."""
+    return not setting.endswith(FULL_KV_SUFFIX)
 
 
 def base_setting(label: str) -> str:

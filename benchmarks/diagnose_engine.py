@@ -49,8 +49,8 @@ from bench_engine import (  # noqa: E402
     native_draft,
     native_sliding_window,
 )
+from bench_engine_report import SETTINGS, setting_kv_memory, setting_window  # noqa: E402
 
-SETTINGS = ("nospec", "off", "w1x", "w2x", "native")
 LAUNCH_EVENTS = {
     "graph_launches": ("cudaGraphLaunch",),
     "kernel_launches": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"),
@@ -402,7 +402,7 @@ def main(argv=None) -> int:
         if str(c) not in prompts:
             parser.error(f"context {c}: the pair has prompts for {sorted(prompts, key=int)} only")
     c0 = report["draft_context"]
-    windows = {"nospec": None, "off": None, "w1x": c0, "w2x": 2 * c0, "native": None}
+    windows = {s: setting_window(s, c0) for s in SETTINGS}
     native_sw = native_sliding_window(c0, args.num_speculative_tokens)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -434,6 +434,7 @@ def main(argv=None) -> int:
             "family": args.family,
             "setting": setting,
             "window": windows[setting],
+            "kv_memory": setting_kv_memory(setting),
             "target": str(pair / "target"),
             "draft": str(draft),
             "method": "eagle" if args.family == "eagle" else "draft_model",

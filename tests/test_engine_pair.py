@@ -533,6 +533,30 @@ def test_engine_kwargs_are_the_readme_configuration():
     assert "additional_config" not in off and "speculative_config" in off
     nospec = be.engine_kwargs({**spec, "setting": "nospec", "window": None})
     assert "speculative_config" not in nospec
+    full_kv = be.engine_kwargs({**spec, "setting": "w1x-fullkv", "kv_memory": False})
+    assert full_kv["additional_config"] == {
+        "draft_window_size": 64,
+        "draft_window_kv_memory": False,
+    }
+
+
+def test_settings_name_their_window_and_kv_memory():
+    import bench_engine_report as ber
+
+    windows = {s: ber.setting_window(s, 512) for s in ber.SETTINGS}
+    assert windows == {
+        "nospec": None,
+        "off": None,
+        "w1x": 512,
+        "w2x": 1024,
+        "w1x-fullkv": 512,
+        "w2x-fullkv": 1024,
+        "native": None,
+    }
+    assert [s for s in ber.SETTINGS if not ber.setting_kv_memory(s)] == ["w1x-fullkv", "w2x-fullkv"]
+    assert set(ber.DEFAULT_SETTINGS) == set(ber.SETTINGS) - {"w1x-fullkv", "w2x-fullkv"}
+    with pytest.raises(ValueError, match=r"setting='w3x' is not one of"):
+        ber.setting_window("w3x", 512)
 
 
 def test_an_engine_that_started_late_still_times_its_first_cell():
