@@ -131,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         torch.cuda.synchronize()
     vllm_us, windowed_us = (statistics.median(times[k]) for k in ("vllm", "windowed"))
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "host"
     print(
-        f"device {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'host'}), "
+        f"device {args.device} ({where}), "
         f"torch {torch.__version__}; {args.layers} layers, {args.reqs} requests of {args.context} "
         f"tokens, W={WINDOW}, K={FUTURE_OFFSET}, block {BLOCK}"
     )
