@@ -2,11 +2,13 @@
 
     .venv-vllm-cpu/bin/python benchmarks/bench_window_metadata_host.py [--reqs 1 32]
 
-On the CPU engine every draft forward windows its attention metadata with torch ops
-(``token_window._window_table_torch``) and recomputes CPU attention's scheduler metadata
+On the CPU engine every draft forward windows its attention metadata on the host
+(``token_window._window_table_numpy``) and recomputes CPU attention's scheduler metadata
 (``backends.cpu_scheduler_metadata``), on the host, between the draft's layers. This times,
-single-threaded, median of 5 x ``--iters`` calls after a warm-up: the windowed table alone,
-the scheduler metadata alone, and the whole ``window_attention_metadata``; decode
+single-threaded, median of 5 x ``--iters`` calls after a warm-up: the windowed table alone
+(its torch-ops reference ``token_window._window_table_torch`` and the NumPy path the route
+takes on CPU, ``_window_table_numpy``), the scheduler metadata alone, and the whole
+``window_attention_metadata``; decode
 metadata (one query per request) of ``--context`` tokens, W=512, K=5, block 32, a
 9/3-head, head-size-64 layer. Needs vLLM's CPU attention ops (vllm-cpu).
 """
@@ -95,15 +97,21 @@ def main() -> int:
         lens, table = buffers.seq_lens[:num_reqs], buffers.block_table[:num_reqs, :cols]
         windowed = copy.copy(metadata)
         windowed.seq_lens, windowed.block_table = lens, table
+        table_args = (
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            metadata.block_table,
+            spec,
+            True,
+            lens,
+            table,
+        )
         rows = {
-            "windowed table (_window_table_torch)": lambda: token_window._window_table_torch(
-                metadata.seq_lens,
-                metadata.query_start_loc,
-                metadata.block_table,
-                spec,
-                True,
-                lens,
-                table,
+            "windowed table, torch ops (reference)": lambda: token_window._window_table_torch(
+                *table_args
+            ),
+            "windowed table, NumPy (the CPU route)": lambda: token_window._window_table_numpy(
+                *table_args
             ),
             "CPU scheduler metadata": lambda: cpu_scheduler_metadata(
                 windowed, layer, spec, torch.float32

@@ -227,6 +227,67 @@ def test_triton_table_equals_the_torch_ops(data, num_reqs, width, block, window,
     assert not (outs[1][1] == -7).any() and not (outs[1][0] == -7).any()
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    num_reqs=st.integers(0, 6),
+    width=st.integers(1, 20),
+    block=st.sampled_from([1, 4, 16]),
+    window=st.integers(1, 300),
+    causal=st.booleans(),
+    dtypes=st.sampled_from(
+        [(torch.int32, torch.int32), (torch.int64, torch.int64), (torch.int64, torch.int32)]
+    ),
+)
+def test_numpy_table_equals_the_torch_ops(data, num_reqs, width, block, window, causal, dtypes):
+    """The CPU route's NumPy path == _window_table_torch on random batches: padded
+    requests, q_len > the window, a strided source table, non-contiguous outputs (slices
+    of wider buffers), an int64 table written into int32 buffers."""
+    from dspark_compile.integrations.vllm.token_window import _window_table_numpy
+
+    dtype, out_dtype = dtypes
+    future_offset = data.draw(st.integers(0, window - 1))
+    spec = WindowSpec(window, future_offset, block)
+    seq_lens = torch.tensor(
+        data.draw(st.lists(st.integers(0, width * block), min_size=num_reqs, max_size=num_reqs)),
+        dtype=dtype,
+    )
+    q_lens = torch.tensor(
+        [data.draw(st.integers(0, max(int(s), 0))) for s in seq_lens.tolist()], dtype=dtype
+    )
+    qsl = torch.zeros(num_reqs + 1, dtype=dtype)
+    qsl[1:] = torch.cumsum(q_lens, 0)
+    table = torch.randint(
+        1, 10_000, (num_reqs, 2 * width), dtype=dtype, generator=torch.Generator().manual_seed(3)
+    )[:, ::2]
+    max_q = int(q_lens.max()) if num_reqs else 0
+    cols = window_columns(max_q if causal else 1, width, spec)
+    outs = []
+    for fn in (_window_table_torch, _window_table_numpy):
+        lens = torch.full((8,), -7, dtype=dtype)[:num_reqs]
+        tab = torch.full((8, width + 3), -7, dtype=out_dtype)[:num_reqs, :cols]
+        fn(seq_lens, qsl, table, spec, causal, lens, tab)
+        outs.append((lens, tab))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])
+    assert not (outs[1][1] == -7).any() and not (outs[1][0] == -7).any()
+
+
+def test_cpu_tables_take_the_numpy_path(monkeypatch):
+    """A CPU block table is windowed by the NumPy path (same values as the torch ops);
+    with the NumPy path switched off the torch ops give the same result."""
+    from dspark_compile.integrations.vllm import token_window
+
+    calls = []
+    real = token_window._window_table_numpy
+    monkeypatch.setattr(token_window, "_window_table_numpy", lambda *a: calls.append(1) or real(*a))
+    metadata = flash_metadata([700, 5, 64, 17, 100])
+    out = window_attention_metadata(metadata, buffers(), WindowSpec(100, 3, BLOCK))
+    assert calls == [1]
+    lens, table = expected_window(metadata, 100, 3)
+    assert torch.equal(out.seq_lens, lens) and torch.equal(out.block_table, table)
+
+
 def test_triton_table_refuses_mismatched_outputs():
     seq_lens = torch.tensor([5, 9], dtype=torch.int32)
     qsl = torch.tensor([0, 1, 2], dtype=torch.int32)

