@@ -175,20 +175,20 @@ def test_noncausal_block_keeps_the_last_tokens_window():
     assert torch.equal(out.block_table, table)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    data=st.data(),
+# the drawn shape of a random batch (``_random_batch``)
+BATCH = dict(
     num_reqs=st.integers(0, 6),
     width=st.integers(1, 20),
     block=st.sampled_from([1, 4, 16]),
     window=st.integers(1, 300),
     causal=st.booleans(),
-    dtype=st.sampled_from([torch.int32, torch.int64]),
 )
-def test_triton_table_equals_the_torch_ops(data, num_reqs, width, block, window, causal, dtype):
-    """query_window_table_triton == _window_table_torch on random batches: padded
-    requests (q_len 0, seq_len 0), q_len > the window, tables narrower than the window,
-    a strided (non-contiguous) source table, int32 and int64."""
+
+
+def _random_batch(data, num_reqs, width, block, window, causal, dtype):
+    """A drawn window spec and batch: seq_lens in [0, width * b] (0: padding), query
+    lengths up to the whole sequence (longer than the window too), a column-strided
+    random table of ``width`` columns, and the windowed table's column count."""
     future_offset = data.draw(st.integers(0, window - 1))
     spec = WindowSpec(window, future_offset, block)
     seq_lens = torch.tensor(
@@ -207,9 +207,24 @@ def test_triton_table_equals_the_torch_ops(data, num_reqs, width, block, window,
         dtype=dtype,
         generator=torch.Generator().manual_seed(width),
     )
-    table = wide[:, ::2]  # stride 2 along columns
     max_q = int(q_lens.max()) if num_reqs else 0
     cols = window_columns(max_q if causal else 1, width, spec)
+    return spec, seq_lens, qsl, wide[:, ::2], cols  # the table: stride 2 along columns
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.data(),
+    **BATCH,
+    dtype=st.sampled_from([torch.int32, torch.int64]),
+)
+def test_triton_table_equals_the_torch_ops(data, num_reqs, width, block, window, causal, dtype):
+    """query_window_table_triton == _window_table_torch on random batches: padded
+    requests (q_len 0, seq_len 0), q_len > the window, tables narrower than the window,
+    a strided (non-contiguous) source table, int32 and int64."""
+    spec, seq_lens, qsl, table, cols = _random_batch(
+        data, num_reqs, width, block, window, causal, dtype
+    )
     got = poisoned_buffers(8, width), poisoned_buffers(8, width)
     outs = []
     if os.environ.get("TRITON_INTERPRET") != "1":  # a GPU: the kernel's own device
@@ -230,11 +245,7 @@ def test_triton_table_equals_the_torch_ops(data, num_reqs, width, block, window,
 @settings(max_examples=60, deadline=None)
 @given(
     data=st.data(),
-    num_reqs=st.integers(0, 6),
-    width=st.integers(1, 20),
-    block=st.sampled_from([1, 4, 16]),
-    window=st.integers(1, 300),
-    causal=st.booleans(),
+    **BATCH,
     dtypes=st.sampled_from(
         [(torch.int32, torch.int32), (torch.int64, torch.int64), (torch.int64, torch.int32)]
     ),
@@ -246,22 +257,9 @@ def test_numpy_table_equals_the_torch_ops(data, num_reqs, width, block, window, 
     from dspark_compile.integrations.vllm.token_window import _window_table_numpy
 
     dtype, out_dtype = dtypes
-    future_offset = data.draw(st.integers(0, window - 1))
-    spec = WindowSpec(window, future_offset, block)
-    seq_lens = torch.tensor(
-        data.draw(st.lists(st.integers(0, width * block), min_size=num_reqs, max_size=num_reqs)),
-        dtype=dtype,
+    spec, seq_lens, qsl, table, cols = _random_batch(
+        data, num_reqs, width, block, window, causal, dtype
     )
-    q_lens = torch.tensor(
-        [data.draw(st.integers(0, max(int(s), 0))) for s in seq_lens.tolist()], dtype=dtype
-    )
-    qsl = torch.zeros(num_reqs + 1, dtype=dtype)
-    qsl[1:] = torch.cumsum(q_lens, 0)
-    table = torch.randint(
-        1, 10_000, (num_reqs, 2 * width), dtype=dtype, generator=torch.Generator().manual_seed(3)
-    )[:, ::2]
-    max_q = int(q_lens.max()) if num_reqs else 0
-    cols = window_columns(max_q if causal else 1, width, spec)
     outs = []
     for fn in (_window_table_torch, _window_table_numpy):
         lens = torch.full((8,), -7, dtype=dtype)[:num_reqs]
