@@ -10,7 +10,7 @@ the layers' attention implementation a no-op: what remains is the route's host w
 forward (the window spec, the native window, windowing the metadata once per step, its
 copy). On ``cuda`` the windowed metadata is computed by the real Triton launch
 (``kernels.window_metadata.query_window_table_triton``; its host cost is part of the
-figure); on ``cpu`` that launch is stubbed out (``--device cpu`` measures the Python
+figure); on ``cpu`` the table step is stubbed out (``--device cpu`` measures the Python
 alone). Median of 7 x ``--iters`` forwards after a warm-up; the two ops alternate.
 Needs vLLM (the ``[vllm]`` extra, or the staged vLLM on a GPU machine).
 """
@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     from dspark_compile.integrations.vllm import attention_op, token_window
 
     if args.device == "cpu":
-        token_window._window_table_torch = lambda *a, **k: None  # the launch, stubbed
+        # the table step (the CPU route's NumPy path, or its torch reference), stubbed
+        token_window._window_table_numpy = lambda *a, **k: None
+        token_window._window_table_torch = lambda *a, **k: None
     metadata = flash_metadata(args.reqs, args.context, args.device)
     # FlashAttention's cache layout [2, blocks, block, kv heads, head size]
     cache = torch.empty(2, 4, BLOCK, 1, 8, device=args.device)
