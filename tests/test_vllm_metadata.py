@@ -31,7 +31,7 @@ from dspark_compile.integrations.vllm.metadata import (
     window_start,
 )
 from dspark_compile.integrations.vllm.token_window import _window_table_torch
-from dspark_compile.kernels.window_metadata import query_window_table_triton
+from dspark_compile.kernels.query_window_table import query_window_table_triton
 from tests.vllm_helpers import cpu_vllm_config
 
 BLOCK, HEADS = 16, 2
@@ -123,6 +123,13 @@ def expected_window(metadata, window, future_offset, causal=True):
     )
 
 
+def assert_same_blocks_read(out, table):
+    """``out``'s table holds ``table``'s blocks in every column its lengths read."""
+    for row, seq_len in enumerate(out.seq_lens.tolist()):
+        needed = -(-seq_len // BLOCK)
+        assert out.block_table[row, :needed].tolist() == table[row, :needed].tolist()
+
+
 # Edge cases: long requests, seq_len < block, window larger than the sequence,
 # W not a multiple of b, an empty batch.
 CASES = [
@@ -152,7 +159,14 @@ def test_fields_windowed_slot_mapping_untouched(
     out = window_attention_metadata(metadata, poisoned_buffers(), spec, use_triton=use_triton)
     lens, table = expected_window(metadata, window, future_offset)
     assert torch.equal(out.seq_lens, lens)
-    assert torch.equal(out.block_table, table)
+    # a step the window cannot cut (max_seq_len < W - K + b) keeps its own table and
+    # lengths; else the windowed table, exactly
+    assert out.dspark_window_cut == (before[2] >= window - future_offset + BLOCK)
+    if out.dspark_window_cut:
+        assert torch.equal(out.block_table, table)
+    else:
+        assert out.block_table is metadata.block_table and out.seq_lens is metadata.seq_lens
+        assert_same_blocks_read(out, table)
     bound = max(metadata.max_query_len, 1) + window - future_offset + BLOCK - 2
     assert out.max_seq_len == min(before[2], bound)
     assert all(length <= out.max_seq_len for length in out.seq_lens.tolist())
@@ -173,6 +187,42 @@ def test_noncausal_block_keeps_the_last_tokens_window():
     lens, table = expected_window(metadata, 64, 0, causal=False)
     assert out.seq_lens.tolist() == lens.tolist() == [300 - 224, 40]
     assert torch.equal(out.block_table, table)
+
+
+@pytest.mark.parametrize("make", [flash_metadata, triton_metadata], ids=["flash", "triton"])
+def test_a_step_the_window_cannot_cut_keeps_its_metadata(make):
+    """W - K = 100, b = 16: a step whose longest request has 115 tokens keeps its own
+    lengths, table and FlashAttention plan (no launch); one of 116 tokens is windowed."""
+    spec = WindowSpec(103, 3, BLOCK)
+    kept = make([115, 40, 1], seed=5, q_lens=[1, 1, 1])
+    kept_plan = getattr(kept, "scheduler_metadata", None)
+    out = window_attention_metadata(kept, buffers(), spec)
+    assert out.dspark_window_cut is False and out is not kept
+    assert out.seq_lens is kept.seq_lens and out.block_table is kept.block_table
+    assert out.max_seq_len == kept.max_seq_len == 115
+    assert getattr(out, "scheduler_metadata", None) is kept_plan
+    cut = window_attention_metadata(make([116, 40, 1], seed=5, q_lens=[1, 1, 1]), buffers(), spec)
+    assert cut.dspark_window_cut is True
+    assert cut.seq_lens.tolist() == [116 - 16, 40, 1]
+
+
+def test_cpu_attention_is_windowed_even_where_nothing_is_cut(monkeypatch):
+    """CPU attention's scheduler metadata is re-planned for the native window on every
+    step, so its steps never keep their own metadata."""
+    from dspark_compile.integrations.vllm.metadata import cpu_attn_ops
+
+    planned = []
+    monkeypatch.setattr(
+        cpu_attn_ops(),
+        "cpu_attn_get_scheduler_metadata",
+        lambda **kw: planned.append(kw) or torch.ones(5),
+    )
+    metadata = cpu_metadata([20, 7])
+    spec = WindowSpec(100, 0, BLOCK)
+    out = window_attention_metadata(metadata, buffers(), spec, _CpuLayer(), torch.float32)
+    assert out.dspark_window_cut is True
+    assert [plan["sliding_window_size"] for plan in planned] == [100]
+    assert torch.equal(out.scheduler_metadata, torch.ones(5))
 
 
 # the drawn shape of a random batch (``_random_batch``)

@@ -1,7 +1,7 @@
 """The vLLM route windows attention metadata in one launch on a GPU (issue 39, item 5b).
 
 ``StepWindows.windowed`` (what the windowed attention op calls per draft layer and step)
-must, on a CUDA block table, take ``kernels.window_metadata.query_window_table_triton``
+must, on a CUDA block table, take ``kernels.query_window_table.query_window_table_triton``
 (one Triton launch) and not ``token_window._window_table_torch`` (~10 torch ops), and on a
 CPU table the NumPy path ``_window_table_numpy``.
 
@@ -32,7 +32,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 
 from dspark_compile.integrations.vllm import StepWindows, token_window as vllm_metadata
 from dspark_compile.integrations.vllm.metadata import WindowSpec
-from dspark_compile.kernels import window_metadata
+from dspark_compile.kernels import query_window_table as window_metadata
 from tests.vllm_helpers import cpu_vllm_config
 
 BLOCK, WINDOW = 16, 64
@@ -179,27 +179,28 @@ needs_cuda = pytest.mark.skipif(
 
 
 def cuda_launches(monkeypatch, metadata) -> tuple[int, int, object]:
-    """(launcher calls of the one-launch kernel, CUDA kernels the profiler saw, result)
-    of one route call (a step after the first: the persistent buffers exist, the kernel is
-    compiled) on CUDA tensors."""
+    """(launches of the one-launch kernel, CUDA kernels the profiler saw, result) of one
+    route call (after two: the persistent buffers exist, the kernel is compiled and its
+    compiled variant checked) on CUDA tensors."""
     from torch.profiler import ProfilerActivity, profile
 
     windows = StepWindows()
-    _route(metadata, "cuda", windows)  # first step: allocates the buffers (two fills)
+    for _ in range(2):  # buffers (two fills), the JIT launch; the checked direct launch
+        _route(metadata, "cuda", windows)
     torch.cuda.synchronize()
-    real_kernel = window_metadata._query_window_table_kernel
+    launches = window_metadata._QUERY_TABLE_LAUNCHES
+    real_launch = launches.launch
     launched = []
 
-    class _Counting:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real_kernel[grid]
+    def counting(key, grid, *args, **kwargs):
+        launched.append(grid)
+        return real_launch(key, grid, *args, **kwargs)
 
-    monkeypatch.setattr(window_metadata, "_query_window_table_kernel", _Counting())
+    monkeypatch.setattr(launches, "launch", counting)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = _route(metadata, "cuda", windows)
         torch.cuda.synchronize()
-    monkeypatch.setattr(window_metadata, "_query_window_table_kernel", real_kernel)
+    monkeypatch.setattr(launches, "launch", real_launch)
     kernels = [
         e
         for e in prof.events()

@@ -169,6 +169,31 @@ def test_packed_form_equals_the_two_tensor_form(case, seed):
         assert got_len.data_ptr() == got_table.data_ptr() + got_table.numel() * 4
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), min_size=1, max_size=6),
+    st.integers(1, 300),
+    st.integers(0, 5),
+    st.integers(1, 32),
+    st.booleans(),
+)
+def test_window_cuts_nothing_exactly_when_no_start_moves(requests, size, k, block, causal):
+    """``window_cuts_nothing(max_seq_len)`` implies every request's window starts at 0
+    (causal: from its first query; non-causal: its last position); and it is tight: at
+    ``max_seq_len = n + b`` a decode request of that length starts at block 1."""
+    k = min(k, size - 1)
+    n = size - k
+    seq = torch.tensor([max(s, q) for s, q in requests], dtype=torch.int32)
+    qsl = torch.zeros(len(requests) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor([q for _, q in requests], dtype=torch.int32), 0)
+    start = window.batch_window_start(seq, qsl, n, block, causal)
+    if window.window_cuts_nothing(int(seq.max()), n, block):
+        assert not start.any()
+    edge = torch.tensor([n + block], dtype=torch.int32)
+    assert not window.window_cuts_nothing(n + block, n, block)
+    assert window.batch_window_start(edge, torch.tensor([0, 1]), n, block).tolist() == [block]
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), min_size=1, max_size=6),

@@ -138,11 +138,24 @@ def first_query_window_start(
     ``query_lens`` of 1 give the window of the last position (decode, non-causal
     blocks); a request with ``q_len = 0`` (padding) gets the window of position
     ``seq_len``. ``[R]`` tensors of ``seq_lens``' dtype; the formula of
-    ``kernels.window_metadata.query_window_table_triton``.
+    ``kernels.query_window_table.query_window_table_triton``.
     """
     first = seq_lens - query_lens
     lo = torch.clamp(first + 1 - window_tokens, min=0)
     return torch.div(lo, block_size, rounding_mode="floor") * block_size
+
+
+def window_cuts_nothing(max_seq_len: int, window_tokens: int, block_size: int) -> bool:
+    """Whether ``first_query_window_start`` is 0 for every request of a batch whose
+    ``seq_lens`` are at most ``max_seq_len``: ``max_seq_len < n + b`` (``n = W - K``).
+
+    A request's first query sits at ``seq_len - q_len <= seq_len - 1``, so its window
+    starts at ``lo <= max(seq_len - n, 0) <= max_seq_len - n < b``: ``floor(lo / b) = 0``,
+    the windowed lengths equal ``seq_lens`` and the windowed table is the table's first
+    columns. (Tokens the token-exact window hides, up to ``b - 1`` per query, are hidden
+    by the native per-token window, as in any other step.)
+    """
+    return max_seq_len < window_tokens + block_size
 
 
 def first_query_window_columns(
@@ -157,6 +170,55 @@ def first_query_window_columns(
     """
     needed = -(-(max(max_query_len, 1) + window_tokens) // block_size) + 1
     return max(1, min(table_width, needed))
+
+
+def batch_window_start(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    window_tokens: int,
+    block_size: int,
+    causal: bool = True,
+) -> torch.Tensor:
+    """``first_query_window_start`` of a batch: per request the window of its first query
+    (``causal``; query lengths from ``query_start_loc [>= R + 1]``) or of its last
+    position (non-causal: every query of a block reads the same keys)."""
+    num_reqs = seq_lens.shape[0]
+    if causal:
+        q_lens = query_lens(query_start_loc[: num_reqs + 1]).to(seq_lens.dtype)
+    else:
+        q_lens = torch.ones_like(seq_lens)
+    return first_query_window_start(seq_lens, q_lens, window_tokens, block_size)
+
+
+def first_query_window_table(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    window_tokens: int,
+    block_size: int,
+    out_lens: torch.Tensor,
+    out_table: torch.Tensor,
+    causal: bool = True,
+) -> None:
+    """The windowed ``seq_lens`` and block table of ``first_query_window_start``, written
+    into ``out_lens [R]`` and ``out_table [R, C]`` (the reference of
+    ``kernels.query_window_table.query_window_table_triton``).
+
+    ``start`` is the window of each request's first query (``causal``; else of its last
+    position, ``q`` taken as 1); ``out_lens = seq_lens - start``; column ``c`` of row
+    ``r`` is ``block_table[r, start[r] / b + c]`` while ``c`` is below the row's needed
+    blocks ``ceil(out_lens[r] / b)`` and inside the table, else 0. Few ops and no
+    temporaries beyond them.
+    """
+    width, cols = block_table.shape[1], out_table.shape[1]
+    start = batch_window_start(seq_lens, query_start_loc, window_tokens, block_size, causal)
+    torch.sub(seq_lens, start, out=out_lens)
+    offsets = torch.arange(cols, device=block_table.device, dtype=torch.int64)
+    src = torch.div(start, block_size, rounding_mode="floor").long().unsqueeze(1) + offsets
+    needed = torch.div(out_lens + (block_size - 1), block_size, rounding_mode="floor")
+    valid = (offsets < needed.unsqueeze(1)) & (src < width)
+    gathered = torch.gather(block_table, 1, src.clamp_(max=width - 1))
+    torch.mul(gathered, valid, out=out_table)
 
 
 def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,8 @@ class WindowStats:
 
     windowed_calls: dict[str, int] = dataclasses.field(default_factory=dict)
     metadata_windowed: int = 0
+    # of those, metadata the window could not cut (kept as it was; token_window)
+    metadata_uncut: int = 0
     # metadata objects windowed with sinks: per query token (causal) / per request
     metadata_expanded: int = 0
     metadata_sinks_noncausal: int = 0
@@ -89,6 +91,8 @@ class StepWindows:
             result = token_window.window_attention_metadata(
                 metadata, buffers, spec, layer, query_dtype
             )
+            if not result.dspark_window_cut:
+                self.stats.metadata_uncut += 1
         result.dspark_window = spec
         self.stats.metadata_windowed += 1
         step[id(metadata)] = (metadata, result)

@@ -5,6 +5,13 @@ FIRST query token is cut away (``arithmetic.window.first_query_window_start``); 
 block table keeps ``first_query_window_columns`` columns and ``max_seq_len`` becomes
 ``min(max_seq_len, windowed_len_bound(W, b, K, max_query_len))``. The backend's native
 window (``backends.set_native_window``) decides what each token reads.
+
+A FlashAttention/Triton step that the window cannot cut (``max_seq_len < W - K + b``:
+every request's window starts at key 0) keeps its own lengths, table and FlashAttention
+scheduler metadata (a shallow copy with ``dspark_window_cut = False``): no kernel launch,
+the same attention (the native window still applies). Not while a CUDA graph is being
+captured, and not for CPU attention (its scheduler metadata must be re-planned for the
+native window).
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ from typing import Any
 import torch
 
 from dspark_compile.arithmetic.window import (
+    batch_window_start,
     first_query_window_columns,
-    first_query_window_start,
-    query_lens,
+    first_query_window_table,
+    window_cuts_nothing,
     windowed_len_bound,
 )
 from dspark_compile.config import WindowSpec
@@ -87,12 +95,7 @@ def window_start(
     queries all read the same keys): the window of the last token,
     ``max(seq_len + K - W, 0)``. (``arithmetic.window.first_query_window_start``.)
     """
-    num_reqs = seq_lens.shape[0]
-    if causal:
-        q_lens = query_lens(query_start_loc[: num_reqs + 1]).to(seq_lens.dtype)
-    else:
-        q_lens = torch.ones_like(seq_lens)
-    return first_query_window_start(seq_lens, q_lens, spec.tokens, spec.block_size)
+    return batch_window_start(seq_lens, query_start_loc, spec.tokens, spec.block_size, causal)
 
 
 def window_columns(max_query_len: int, table_width: int, spec: WindowSpec) -> int:
@@ -111,19 +114,11 @@ def _window_table_torch(
     new_table: torch.Tensor,
 ) -> None:
     """Windowed lengths into ``new_lens [R]`` and table into ``new_table [R, cols]``
-    (module doc; the reference of ``query_window_table_triton``): column ``j`` of row
-    ``r`` is ``table[r, start_block[r] + j]`` while ``j`` is below the row's needed
-    blocks and inside the table, else 0. Few ops and no temporaries beyond them: on
-    CPU these ops window the draft's metadata on every draft forward."""
-    width, cols = table.shape[1], new_table.shape[1]
-    start = window_start(seq_lens, query_start_loc, spec, causal)
-    torch.sub(seq_lens, start, out=new_lens)
-    offsets = torch.arange(cols, device=table.device, dtype=torch.int64)
-    src = torch.div(start, spec.block_size, rounding_mode="floor").long().unsqueeze(1) + offsets
-    needed = torch.div(new_lens + (spec.block_size - 1), spec.block_size, rounding_mode="floor")
-    valid = (offsets < needed.unsqueeze(1)) & (src < width)
-    gathered = torch.gather(table, 1, src.clamp_(max=width - 1))
-    torch.mul(gathered, valid, out=new_table)
+    (module doc; ``arithmetic.window.first_query_window_table``, the reference of
+    ``query_window_table_triton`` and ``_window_table_numpy``)."""
+    first_query_window_table(
+        seq_lens, query_start_loc, table, spec.tokens, spec.block_size, new_lens, new_table, causal
+    )
 
 
 def _window_table_numpy(
@@ -161,6 +156,15 @@ def _window_table_numpy(
     np.multiply(gathered, valid, out=out, casting="unsafe")
 
 
+def _cuts_nothing(metadata: Any, spec: WindowSpec) -> bool:
+    """No request of the step reaches past its window's first block
+    (``arithmetic.window.window_cuts_nothing`` on the host's ``max_seq_len``), and no
+    CUDA graph is being captured (a captured step is replayed with other lengths)."""
+    if not window_cuts_nothing(int(metadata.max_seq_len), spec.tokens, spec.block_size):
+        return False
+    return not (metadata.seq_lens.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def window_attention_metadata(
     metadata: Any,
     buffers: WindowBuffers,
@@ -174,13 +178,17 @@ def window_attention_metadata(
     ``layer`` (the draft layer) and ``query_dtype`` are needed for CPU attention,
     whose scheduler metadata is recomputed. ``use_triton`` (default: the table is on a
     GPU) computes the windowed lengths and table in one Triton launch
-    (``kernels.window_metadata.query_window_table_triton``) instead of ~10 torch ops
+    (``kernels.query_window_table.query_window_table_triton``) instead of ~10 torch ops
     (``_window_table_torch``, its reference): the same values, less host time per
     draft call where the draft runs outside CUDA graphs. CPU tables take NumPy views of
     the same memory (``_window_table_numpy``, the same values again).
     """
     backend = metadata_backend(metadata)
     check_supported(metadata)
+    if backend != "CPU_ATTN" and _cuts_nothing(metadata, spec):
+        out = shallow_copy(metadata)
+        out.dspark_window_cut = False
+        return out
     seq_lens, table = metadata.seq_lens, metadata.block_table
     buffers.check_fits(seq_lens, table)
     num_reqs, width = table.shape
@@ -189,7 +197,7 @@ def window_attention_metadata(
     cols = window_columns(max_query_len, width, spec)
     new_lens, new_table = buffers.views(num_reqs, cols)
     if width and (table.is_cuda if use_triton is None else use_triton):
-        from dspark_compile.kernels.window_metadata import query_window_table_triton
+        from dspark_compile.kernels.query_window_table import query_window_table_triton
 
         query_window_table_triton(
             seq_lens,
@@ -210,6 +218,7 @@ def window_attention_metadata(
             seq_lens, metadata.query_start_loc, table, spec, causal, new_lens, new_table
         )
     out = shallow_copy(metadata)
+    out.dspark_window_cut = True
     out.seq_lens = new_lens
     out.block_table = new_table
     bound = windowed_len_bound(spec.window_size, spec.block_size, spec.future_offset, max_query_len)
