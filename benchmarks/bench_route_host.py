@@ -11,9 +11,8 @@ context, with the layers' attention implementation a no-op: what remains is the 
 host work per forward (the window spec, the native window, windowing the metadata once
 per step, its copy). A context below W - K + b (1035) is a step the window cannot cut
 (its metadata is kept: no launch); a longer one is windowed. On ``cuda`` the windowed
-metadata is computed by the real Triton launch (``query_window_table_triton``, launched
-through its compiled variant; "JIT launch" times the same route with every launch
-through Triton's JIT dispatch instead); on ``cpu`` the table step is stubbed out
+metadata is computed by the real Triton launch (``query_window_table_triton``); on
+``cpu`` the table step is stubbed out
 (``--device cpu`` measures the Python alone). Median of 7 x ``--iters`` forwards after a
 warm-up; the variants alternate. Needs vLLM (the ``[vllm]`` extra, or the staged vLLM on
 a GPU machine).
@@ -133,22 +132,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _time_variants(metadata, names, config, args) -> dict[str, float]:
-    """Median us per draft forward of each variant (vLLM's op, the route, and on cuda the
-    route with JIT launches), alternating."""
+    """Median us per draft forward through vLLM's op and through the route, alternating."""
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.attention import attention as vllm_attention
 
     from dspark_compile.integrations.vllm import attention_op
-    from dspark_compile.kernels import query_window_table as window_metadata
-    from dspark_compile.kernels.compiled_launch import CompiledLaunches
 
     q = out = torch.empty(1, device=args.device)
     windowed = attention_op.unified_attention_with_output_windowed
-    direct = window_metadata._QUERY_TABLE_LAUNCHES
-    jit = CompiledLaunches(window_metadata._query_window_table_kernel, "jit", direct=False)
 
     def forward(variant: str) -> None:
-        window_metadata._QUERY_TABLE_LAUNCHES = jit if variant == "route, JIT launch" else direct
         with set_forward_context({n: metadata for n in names}, config):
             for n in names:
                 if variant == "vLLM's op":
@@ -156,24 +149,21 @@ def _time_variants(metadata, names, config, args) -> dict[str, float]:
                 else:
                     windowed(q, q, q, out, n, WINDOW, FUTURE_OFFSET, args.reqs)
 
-    variants = ["vLLM's op", "route"] + (["route, JIT launch"] if args.device == "cuda" else [])
+    variants = ["vLLM's op", "route"]
     times: dict[str, list[float]] = {v: [] for v in variants}
-    try:
-        for _ in range(max(args.iters // 10, 20)):
-            for variant in variants:
+    for _ in range(max(args.iters // 10, 20)):
+        for variant in variants:
+            forward(variant)
+    for _ in range(7):
+        for variant in variants:
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
                 forward(variant)
-        for _ in range(7):
-            for variant in variants:
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
-                    forward(variant)
-                times[variant].append((time.perf_counter() - t0) / args.iters * 1e6)
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-    finally:
-        window_metadata._QUERY_TABLE_LAUNCHES = direct
+            times[variant].append((time.perf_counter() - t0) / args.iters * 1e6)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
     return {v: statistics.median(t) for v, t in times.items()}
 
 

@@ -179,28 +179,27 @@ needs_cuda = pytest.mark.skipif(
 
 
 def cuda_launches(monkeypatch, metadata) -> tuple[int, int, object]:
-    """(launches of the one-launch kernel, CUDA kernels the profiler saw, result) of one
-    route call (after two: the persistent buffers exist, the kernel is compiled and its
-    compiled variant checked) on CUDA tensors."""
+    """(launcher calls of the one-launch kernel, CUDA kernels the profiler saw, result)
+    of one route call (a step after the first: the persistent buffers exist, the kernel is
+    compiled) on CUDA tensors."""
     from torch.profiler import ProfilerActivity, profile
 
     windows = StepWindows()
-    for _ in range(2):  # buffers (two fills), the JIT launch; the checked direct launch
-        _route(metadata, "cuda", windows)
+    _route(metadata, "cuda", windows)  # first step: allocates the buffers (two fills)
     torch.cuda.synchronize()
-    launches = window_metadata._QUERY_TABLE_LAUNCHES
-    real_launch = launches.launch
+    real_kernel = window_metadata._query_window_table_kernel
     launched = []
 
-    def counting(key, grid, *args, **kwargs):
-        launched.append(grid)
-        return real_launch(key, grid, *args, **kwargs)
+    class _Counting:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real_kernel[grid]
 
-    monkeypatch.setattr(launches, "launch", counting)
+    monkeypatch.setattr(window_metadata, "_query_window_table_kernel", _Counting())
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = _route(metadata, "cuda", windows)
         torch.cuda.synchronize()
-    monkeypatch.setattr(launches, "launch", real_launch)
+    monkeypatch.setattr(window_metadata, "_query_window_table_kernel", real_kernel)
     kernels = [
         e
         for e in prof.events()

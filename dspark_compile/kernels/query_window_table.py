@@ -1,10 +1,8 @@
 """The vLLM route's window-table Triton kernel: the windowed ``seq_lens`` and block table
 of one attention metadata object in one launch (``query_window_table_triton``).
 
-Per request, from the window of its FIRST query token (``arithmetic.window.
-first_query_window_table`` is the reference). Launched through its compiled variant
-after the first launch of each variant (``kernels.compiled_launch``): the route runs it
-between a host-bound draft's layers on every draft forward.
+Per request, from the window of its FIRST query token; ``arithmetic.window.
+first_query_window_table`` is the reference.
 """
 
 from __future__ import annotations
@@ -13,30 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark_compile.arithmetic.window import first_query_window_table
-from dspark_compile.kernels.compiled_launch import CompiledLaunches, fits_int32
 
-# No specialization on argument values (``compiled_launch``: the variant depends only on
-# dtypes, int widths and the constexprs, so it can be launched without the JIT's dispatch).
-_QUERY_TABLE_INTS = [
-    "table_stride0",
-    "table_stride1",
-    "table_width",
-    "out_stride0",
-    "out_stride1",
-    "num_cols",
-    "tokens",
-]
-_QUERY_TABLE_PTRS = [
-    "seq_lens_ptr",
-    "query_start_loc_ptr",
-    "table_ptr",
-    "out_lens_ptr",
-    "out_table_ptr",
-]
-
-
-@triton.jit(do_not_specialize=_QUERY_TABLE_INTS, do_not_specialize_on_alignment=_QUERY_TABLE_PTRS)
+@triton.jit(do_not_specialize=["num_cols", "tokens"])
 def _query_window_table_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
@@ -112,48 +88,20 @@ def query_window_table_triton(
         )
     if num_reqs == 0 or out_table.shape[1] == 0:
         return
-    ints = (
+    _query_window_table_kernel[(num_reqs,)](
+        seq_lens,
+        query_start_loc,
+        block_table,
         block_table.stride(0),
         block_table.stride(1),
         width,
+        out_lens,
+        out_table,
         out_table.stride(0),
         out_table.stride(1),
         out_table.shape[1],
         tokens,
+        CAUSAL=bool(causal),
+        BLOCK_SIZE=block_size,
+        BLOCK_COLS=64,
     )
-    args = (
-        seq_lens,
-        query_start_loc,
-        block_table,
-        *ints[:3],
-        out_lens,
-        out_table,
-        *ints[3:],
-        bool(causal),
-        block_size,
-        _QUERY_TABLE_BLOCK_COLS,
-    )
-    key = (
-        seq_lens.device,
-        seq_lens.dtype,
-        query_start_loc.dtype,
-        block_table.dtype,
-        out_lens.dtype,
-        out_table.dtype,
-        fits_int32(*ints),
-        bool(causal),
-        block_size,
-    )
-
-    def check() -> bool:
-        lens, table = torch.empty_like(out_lens), torch.empty_like(out_table)
-        first_query_window_table(
-            seq_lens, query_start_loc, block_table, tokens, block_size, lens, table, causal
-        )
-        return torch.equal(lens, out_lens) and torch.equal(table, out_table)
-
-    _QUERY_TABLE_LAUNCHES.launch(key, (num_reqs,), args, check)
-
-
-_QUERY_TABLE_BLOCK_COLS = 64
-_QUERY_TABLE_LAUNCHES = CompiledLaunches(_query_window_table_kernel, "query_window_table_triton")
