@@ -169,14 +169,17 @@ def test_packed_form_equals_the_two_tensor_form(case, seed):
         assert got_len.data_ptr() == got_table.data_ptr() + got_table.numel() * 4
 
 
-@settings(max_examples=300, deadline=None)
-@given(
+# (seq_len, q_len) requests, W, K, b of the first-query window properties
+FIRST_QUERY_BATCH = (
     st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), min_size=1, max_size=6),
     st.integers(1, 300),
     st.integers(0, 5),
     st.integers(1, 32),
-    st.booleans(),
 )
+
+
+@settings(max_examples=300, deadline=None)
+@given(*FIRST_QUERY_BATCH, st.booleans())
 def test_window_cuts_nothing_exactly_when_no_start_moves(requests, size, k, block, causal):
     """``window_cuts_nothing(max_seq_len)`` implies every request's window starts at 0
     (causal: from its first query; non-causal: its last position); and it is tight: at
@@ -195,12 +198,7 @@ def test_window_cuts_nothing_exactly_when_no_start_moves(requests, size, k, bloc
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), min_size=1, max_size=6),
-    st.integers(1, 300),
-    st.integers(0, 5),
-    st.integers(1, 32),
-)
+@given(*FIRST_QUERY_BATCH)
 def test_first_query_window_is_token_exact_and_fits_its_columns(requests, size, k, block):
     """``first_query_window_start`` by position: every query ``p`` of the request keeps
     its last ``W - K`` keys ``[max(p + 1 - n, 0), p]`` (n = W - K), ``start`` is block
