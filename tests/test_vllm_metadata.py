@@ -206,6 +206,27 @@ def test_a_step_the_window_cannot_cut_keeps_its_metadata(make):
     assert cut.seq_lens.tolist() == [116 - 16, 40, 1]
 
 
+class _CudaSeqLens(torch.Tensor):
+    """A CPU tensor whose ``is_cuda`` says True: the route asks whether a graph is captured."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+@pytest.mark.parametrize("capturing", [False, True], ids=["eager", "capturing"])
+def test_a_step_captured_into_a_cuda_graph_is_always_windowed(capturing, monkeypatch):
+    """A captured step is replayed with other lengths: it is windowed into the persistent
+    buffers even where its own lengths are not cut; outside capture the same step is kept."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    metadata = flash_metadata([115, 40, 1], seed=5, q_lens=[1, 1, 1])
+    metadata.seq_lens = torch.Tensor._make_subclass(_CudaSeqLens, metadata.seq_lens)
+    out = window_attention_metadata(metadata, buffers(), WindowSpec(103, 3, BLOCK))
+    assert out.dspark_window_cut is capturing
+    assert (out.seq_lens is metadata.seq_lens) is not capturing
+    assert out.seq_lens.tolist() == [115, 40, 1]
+
+
 def test_cpu_attention_is_windowed_even_where_nothing_is_cut(monkeypatch):
     """CPU attention's scheduler metadata is re-planned for the native window on every
     step, so its steps never keep their own metadata."""
