@@ -181,17 +181,23 @@ FIRST_QUERY_BATCH = (
 @settings(max_examples=300, deadline=None)
 @given(*FIRST_QUERY_BATCH, st.booleans())
 def test_window_cuts_nothing_exactly_when_no_start_moves(requests, size, k, block, causal):
-    """``window_cuts_nothing(max_seq_len)`` implies every request's window starts at 0
-    (causal: from its first query; non-causal: its last position); and it is tight: at
-    ``max_seq_len = n + b`` a decode request of that length starts at block 1."""
+    """``window_cuts_nothing(max_seq_len)`` implies that every request WITH a query has
+    its window start at 0 (causal: from its first query; non-causal: its last position);
+    a request without queries (vLLM's padding, q_len 0) reads no key, so where its start
+    moves (by at most one token past the bound) keeping its keys changes no attention
+    output. Tight: at ``max_seq_len = n + b`` a decode request of that length starts at
+    block 1."""
     k = min(k, size - 1)
     n = size - k
     seq = torch.tensor([max(s, q) for s, q in requests], dtype=torch.int32)
+    q_lens = torch.tensor([q for _, q in requests], dtype=torch.int32)
     qsl = torch.zeros(len(requests) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(torch.tensor([q for _, q in requests], dtype=torch.int32), 0)
+    qsl[1:] = torch.cumsum(q_lens, 0)
     start = window.batch_window_start(seq, qsl, n, block, causal)
     if window.window_cuts_nothing(int(seq.max()), n, block):
-        assert not start.any()
+        reads = q_lens >= 1 if causal else torch.ones_like(q_lens, dtype=torch.bool)
+        assert not start[reads].any()
+        assert (start[~reads] <= block).all()
     edge = torch.tensor([n + block], dtype=torch.int32)
     assert not window.window_cuts_nothing(n + block, n, block)
     assert window.batch_window_start(edge, torch.tensor([0, 1]), n, block).tolist() == [block]
