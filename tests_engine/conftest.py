@@ -225,7 +225,7 @@ def engine_specs(models: dict[str, str]) -> dict[str, dict]:
 
 
 def expected_native_window(spec: dict) -> str:
-    """``repr`` of the draft layer's ``impl.sliding_window`` the pass must have set: the
+    """``repr`` of the window a draft call applies (``backends.applied_window``): the
     token-exact ``W - K`` window in the backend's form; none with sinks or for a
     non-causal (DFlash) block."""
     n = spec["window"] - spec["num_speculative_tokens"]

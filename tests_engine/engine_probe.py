@@ -6,8 +6,10 @@ worker, after start) wraps the attention implementation so each call with
 metadata is counted, with whether the metadata it received is
 the draft window's (``dspark_window`` set by ``StepWindows``), whether it is
 the per-token expansion of the window with sinks (one single-query row per
-token), the largest query length and the layer's sliding window. ``report`` returns those counts
-with the pass records and window stats of the worker's process.
+token), the largest query length and the sliding window the call applies
+(``backends.applied_window``: the layer's, or the metadata's where the backend reads it
+from there). ``report`` returns those counts with the pass records and window stats of
+the worker's process, and each FlashAttention metadata builder's ahead-of-time plan.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def install_class_probes() -> int:
             _original=original,
             **kwargs,
         ):
-            _record(layer_.layer_name, impl, attn_metadata)
+            _record(layer_.layer_name, layer_, attn_metadata)
             return _original(
                 impl, layer_, query, key, value, kv_cache, attn_metadata, *args, **kwargs
             )
@@ -95,10 +97,9 @@ def install(worker: Any) -> int:
             *args,
             _original=original,
             _name=name,
-            _impl=impl,
             **kwargs,
         ):
-            _record(_name, _impl, attn_metadata)
+            _record(_name, layer_, attn_metadata)
             return _original(layer_, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
 
         impl.forward = forward
@@ -107,8 +108,10 @@ def install(worker: Any) -> int:
     return count
 
 
-def _record(name: str, impl: Any, attn_metadata: Any) -> None:
+def _record(name: str, layer: Any, attn_metadata: Any) -> None:
     """Count one attention call of layer ``name`` (calls without metadata are not counted)."""
+    from dspark_compile.integrations.vllm.backends import applied_window
+
     if attn_metadata is not None:
         record = CALLS.setdefault(
             name,
@@ -140,7 +143,29 @@ def _record(name: str, impl: Any, attn_metadata: Any) -> None:
                 record["expanded"] += 1
                 record["expanded_max_tokens"] = max(record["expanded_max_tokens"], tokens)
         record["max_query_len"] = max(record["max_query_len"], int(attn_metadata.max_query_len))
-        record["sliding_window"] = repr(impl.sliding_window)
+        record["sliding_window"] = repr(applied_window(layer, attn_metadata))
+
+
+def flash_attention_plans(worker: Any) -> list[dict[str, Any]]:
+    """Every FlashAttention metadata builder of the worker's runner and of its drafter:
+    its layers, whether it plans ahead of time (``aot_schedule``; vLLM switches it off for
+    good at the first build when the layers' ``impl.sliding_window`` differ) and the
+    window it plans for."""
+    runner = worker.model_runner
+    groups = [g for gs in getattr(runner, "attn_groups", []) for g in gs]
+    groups += list(getattr(getattr(runner, "drafter", None), "draft_attn_groups", []))
+    plans = []
+    for group in groups:
+        for builder in getattr(group, "metadata_builders", []):
+            if hasattr(builder, "aot_schedule"):
+                plans.append(
+                    {
+                        "layers": sorted(group.layer_names),
+                        "aot_schedule": bool(builder.aot_schedule),
+                        "aot_sliding_window": repr(getattr(builder, "aot_sliding_window", None)),
+                    }
+                )
+    return plans
 
 
 def report(worker: Any) -> dict[str, Any]:
@@ -159,4 +184,5 @@ def report(worker: Any) -> dict[str, Any]:
         "pass_records": records,
         "stats": dataclasses.asdict(STEP_WINDOWS.stats),
         "layers": sorted(_static_layers(worker)),
+        "flash_attention_plans": flash_attention_plans(worker),
     }

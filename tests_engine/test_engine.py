@@ -90,6 +90,29 @@ def test_windowed_metadata_reached_attention_on_every_draft_step(engine):
         )
 
 
+def target_plans(report):
+    """The FlashAttention plans (engine_probe.flash_attention_plans) of builders that
+    serve a target layer."""
+    return [
+        plan
+        for worker in report["workers"]
+        for plan in worker.get("flash_attention_plans", [])
+        if set(plan["layers"]) & TARGET_LAYERS
+    ]
+
+
+@pytest.mark.parametrize(
+    "engine", [n for n in names(windowed=True) if ENGINES[n]["baseline"]], indirect=True
+)
+def test_the_window_leaves_the_targets_flash_attention_plan(engine, engines):
+    """vLLM plans FlashAttention ahead of time only while every layer has the same
+    ``impl.sliding_window`` (decided at a builder's first build): the draft window must
+    leave the target's builders planning as they do without it (no FlashAttention
+    builder on Triton or CPU attention: nothing to compare)."""
+    off = engines[engine["spec"]["baseline"]]
+    assert target_plans(engine) == target_plans(off)
+
+
 @pytest.mark.parametrize("engine", names(check="long_queries"), indirect=True)
 def test_draft_queries_longer_than_the_window_ran(engine):
     """Draft prefill blocks longer than W - K went through the window (per-token)."""

@@ -146,8 +146,9 @@ def first_query_window_start(
 
 
 def window_cuts_nothing(max_seq_len: int, window_tokens: int, block_size: int) -> bool:
-    """Whether ``first_query_window_start`` is 0 for every request of a batch whose
-    ``seq_lens`` are at most ``max_seq_len``: ``max_seq_len < n + b`` (``n = W - K``).
+    """Whether ``first_query_window_start`` is 0 for every request WITH a query of a batch
+    whose ``seq_lens`` are at most ``max_seq_len``: ``max_seq_len < n + b`` (``n = W - K``).
+    (A request without queries, ``q_len = 0``, may start one block in; it reads no key.)
 
     A request's first query sits at ``seq_len - q_len <= seq_len - 1``, so its window
     starts at ``lo <= max(seq_len - n, 0) <= max_seq_len - n < b``: ``floor(lo / b) = 0``,

@@ -7,10 +7,11 @@ the persistent window buffers), and, with attention sinks only, ``sink_size``
 (S > 0) and ``max_num_tokens`` (row capacity of the per-token buffers). The
 pass emits it only for draft layers. At run time, without sinks, it gives the
 layer's attention implementation the backend's native per-token window of
-``W - K`` tokens, windows the layer's metadata from vLLM's forward context
-(``metadata.StepWindows``: once per metadata object per step) and calls the
-implementation with it; with sinks the layer keeps no native window and gets
-the per-token expanded metadata instead (``metadata.sink_window_metadata``).
+``W - K`` tokens (in the windowed metadata instead where the forward reads the window
+from there: ``backends.apply_native_window``), windows the layer's metadata from
+vLLM's forward context (``metadata.StepWindows``: once per metadata object per step)
+and calls the implementation with it; with sinks the layer keeps no native window
+and gets the per-token expanded metadata instead (``metadata.sink_window_metadata``).
 slot_mapping and the KV-cache update op are untouched.
 
 The op is registered with ``torch.Tag.cudagraph_unsafe``: under
@@ -33,11 +34,10 @@ from torch.library import Library
 
 from dspark_compile.config import WindowSpec
 from dspark_compile.integrations.vllm.backends import (
+    apply_native_window,
     check_no_native_window,
-    is_causal,
     kernel_block_size,
     metadata_backend,
-    set_native_window,
 )
 from dspark_compile.integrations.vllm.seam import (
     LayerNameType,
@@ -93,11 +93,10 @@ def unified_attention_with_output_windowed(
                 max_num_tokens=max_num_tokens,
             )
         else:
-            set_native_window(
+            apply_native_window(
                 layer,
-                metadata_backend(attn_metadata),
+                attn_metadata,
                 WindowSpec.cached(window_size, future_offset, kernel_block_size(kv_cache)).tokens,
-                is_causal(attn_metadata),
             )
             attn_metadata = STEP_WINDOWS.windowed(
                 get_forward_context(),

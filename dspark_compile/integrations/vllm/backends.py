@@ -106,6 +106,46 @@ def _window_disabled(value: Any) -> bool:
     return value is None or value == -1 or value == (-1, -1)
 
 
+def reads_metadata_window(metadata: Any) -> bool:
+    """Whether the backend's forward takes the sliding window from this metadata object
+    instead of from the layer (``seam.has_metadata_window``: vLLM 0.26's FlashAttention,
+    whose metadata carries the KV-cache group's window). The draft window then goes into
+    the windowed metadata copy (``token_window.window_attention_metadata``) and the layer
+    is left as it is, so vLLM's ahead-of-time FlashAttention plan, which it makes only
+    while every layer's ``impl.sliding_window`` is the same, stays on for the target."""
+    return metadata_backend(metadata) == "FLASH_ATTN" and seam.has_metadata_window(metadata)
+
+
+def applied_window(layer: Any, metadata: Any) -> Any:
+    """The sliding window the layer's forward applies with ``metadata``: the metadata's
+    where the forward reads it (``reads_metadata_window``) and it is set, else the
+    layer's ``impl.sliding_window``."""
+    if reads_metadata_window(metadata) and metadata.sliding_window is not None:
+        return metadata.sliding_window
+    return seam.native_sliding_window(layer)
+
+
+def apply_native_window(layer: Any, metadata: Any, tokens: int) -> None:
+    """Make the layer's forward with ``metadata`` apply the native window of ``tokens``:
+    ``set_native_window`` where the forward reads the layer's window; where it reads the
+    metadata's (``reads_metadata_window``), only refuse a layer window of its own (the
+    windowed metadata copy carries the draft window)."""
+    backend = metadata_backend(metadata)
+    if reads_metadata_window(metadata):
+        want = native_window_value(backend, tokens)
+        _refuse_own_window(layer, seam.native_sliding_window(layer), want)
+        return
+    set_native_window(layer, backend, tokens, is_causal(metadata))
+
+
+def _refuse_own_window(layer: Any, have: Any, want: Any) -> None:
+    if not _window_disabled(have):
+        raise NotImplementedError(
+            f"draft layer {getattr(layer, 'layer_name', '?')} already has its own sliding "
+            f"window {have!r}; combining it with the draft window ({want!r}) is not supported"
+        )
+
+
 def set_native_window(layer: Any, backend: str, tokens: int, causal: bool = True) -> None:
     """Give ``layer.impl`` the backend's sliding window of ``tokens`` (idempotent).
 
@@ -126,11 +166,7 @@ def set_native_window(layer: Any, backend: str, tokens: int, causal: bool = True
         return
     if not causal:
         return
-    if not _window_disabled(have):
-        raise NotImplementedError(
-            f"draft layer {getattr(layer, 'layer_name', '?')} already has its own sliding "
-            f"window {have!r}; combining it with the draft window ({want!r}) is not supported"
-        )
+    _refuse_own_window(layer, have, want)
     seam.set_native_sliding_window(layer, want)
 
 

@@ -226,6 +226,22 @@ def set_native_sliding_window(layer: Any, value: Any) -> None:
 
 
 @functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    if not dataclasses.is_dataclass(cls):
+        return frozenset()
+    return frozenset(field.name for field in dataclasses.fields(cls))
+
+
+def has_metadata_window(metadata: Any) -> bool:
+    """Whether the metadata has a ``sliding_window`` field that the backend's ``forward``
+    applies INSTEAD of the layer's ``impl.sliding_window``: 0.26.0's FlashAttention
+    metadata (the KV-cache group's window, ``(-1, -1)`` for full attention; its forward
+    takes ``attn_metadata.sliding_window`` unless it is None). 0.32.0 - 0.34.0 have no
+    such field and apply the layer's window."""
+    return "sliding_window" in _field_names(type(metadata))
+
+
+@functools.cache
 def cpu_attn_ops() -> Any:
     """The vLLM module with ``cpu_attn_get_scheduler_metadata``: ``vllm._cpu_ops`` (0.34.0;
     what its CPU attention backend calls), else ``vllm._custom_ops`` (0.26.0 to 0.33.0).

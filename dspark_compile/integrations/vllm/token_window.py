@@ -4,14 +4,18 @@ Per request the KV before the block-aligned start of the token-exact window of i
 FIRST query token is cut away (``arithmetic.window.first_query_window_start``); the
 block table keeps ``first_query_window_columns`` columns and ``max_seq_len`` becomes
 ``min(max_seq_len, windowed_len_bound(W, b, K, max_query_len))``. The backend's native
-window (``backends.set_native_window``) decides what each token reads.
+window (``backends.apply_native_window``) decides what each token reads. Where the
+backend's forward reads the window from the metadata (``backends.reads_metadata_window``:
+vLLM 0.26's FlashAttention), a causal copy carries it: ``sliding_window = (W - K - 1, 0)``,
+and the ahead-of-time FlashAttention plan is dropped when that changes the window it
+was planned for.
 
 A FlashAttention/Triton step that the window cannot cut (``max_seq_len < W - K + b``:
-every request's window starts at key 0) keeps its own lengths, table and FlashAttention
-scheduler metadata (a shallow copy with ``dspark_window_cut = False``): no kernel launch,
-the same attention (the native window still applies). Not while a CUDA graph is being
-captured, and not for CPU attention (its scheduler metadata must be re-planned for the
-native window).
+every request with a query has its window start at key 0) keeps its own lengths, table
+and FlashAttention scheduler metadata (a shallow copy with ``dspark_window_cut =
+False``): no kernel launch, the same attention (the native window still applies). Not
+while a CUDA graph is being captured, and not for CPU attention (its scheduler metadata
+must be re-planned for the native window).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from dspark_compile.integrations.vllm.backends import (
     cpu_scheduler_metadata,
     is_causal,
     metadata_backend,
+    native_window_value,
+    reads_metadata_window,
     shallow_copy,
 )
 
@@ -188,6 +194,7 @@ def window_attention_metadata(
     if backend != "CPU_ATTN" and _cuts_nothing(metadata, spec):
         out = shallow_copy(metadata)
         out.dspark_window_cut = False
+        _carry_native_window(out, spec)
         return out
     seq_lens, table = metadata.seq_lens, metadata.block_table
     buffers.check_fits(seq_lens, table)
@@ -227,4 +234,17 @@ def window_attention_metadata(
         out.scheduler_metadata = None
     if backend == "CPU_ATTN":
         out.scheduler_metadata = cpu_scheduler_metadata(out, layer, spec, query_dtype)
+    _carry_native_window(out, spec)
     return out
+
+
+def _carry_native_window(out: Any, spec: WindowSpec) -> None:
+    """The native window in a causal metadata copy whose forward reads the window from
+    the metadata (``backends.reads_metadata_window``); an ahead-of-time FlashAttention
+    plan made for another window is dropped (FA3 plans from the call's window)."""
+    if not (is_causal(out) and reads_metadata_window(out)):
+        return
+    want = native_window_value("FLASH_ATTN", spec.tokens)
+    if out.sliding_window != want:
+        out.sliding_window = want
+        out.scheduler_metadata = None

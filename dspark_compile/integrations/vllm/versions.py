@@ -29,6 +29,10 @@ VERSION_DEPENDENT = {
     "Attention.is_draft_layer": "set by 0.33's and 0.34's proposers; absent in 0.26 and 0.32, "
     "where the draft model tag (compile_context.DRAFT_MODEL_TAGS) decides",
     "FlashAttentionMetadata.use_cascade": "older FlashAttention metadata; cascade raises",
+    "FlashAttentionMetadata.sliding_window": "0.26's KV-cache group window, which its forward "
+    "applies instead of the layer's impl.sliding_window; absent in 0.32 to 0.34 (the layer's "
+    "wins): the route writes the draft window where the forward reads it "
+    "(backends.reads_metadata_window)",
     "V1 GPUModelRunner": "vllm/v1/worker/gpu_model_runner.py in 0.26 to 0.33, removed in 0.34 "
     "(V2 only; its CPU runner inherits V2): kv_memory.install wraps the runners that exist",
     "cpu_attn_get_scheduler_metadata": "vllm._custom_ops in 0.26 to 0.33, vllm._cpu_ops in "
