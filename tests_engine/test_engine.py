@@ -91,14 +91,15 @@ def test_windowed_metadata_reached_attention_on_every_draft_step(engine):
 
 
 def target_plans(report):
-    """The FlashAttention plans (engine_probe.flash_attention_plans) of builders that
-    serve a target layer."""
-    return [
-        plan
+    """``(aot_schedule, aot_sliding_window)`` of every FlashAttention builder that serves a
+    target layer (engine_probe.flash_attention_plans; their layer lists hold the draft's
+    layers too, which differ between drafts)."""
+    return {
+        (plan["aot_schedule"], plan["aot_sliding_window"])
         for worker in report["workers"]
         for plan in worker.get("flash_attention_plans", [])
         if set(plan["layers"]) & TARGET_LAYERS
-    ]
+    }
 
 
 @pytest.mark.parametrize(
