@@ -33,9 +33,10 @@ from dspark_compile.integrations.vllm.metadata import (
 )
 from dspark_compile.integrations.vllm.token_window import _window_table_torch
 from dspark_compile.kernels.query_window_table import query_window_table_triton
-from tests.vllm_helpers import cpu_vllm_config
+from tests.vllm_helpers import complete_metadata, cpu_vllm_config, has_field
 
 BLOCK, HEADS = 16, 2
+_THRESHOLD = "seq_threshold_3D"
 
 
 def _batch(seq_lens, width=12, seed=0, q_lens=None):
@@ -56,7 +57,8 @@ def _batch(seq_lens, width=12, seed=0, q_lens=None):
 
 def flash_metadata(seq_lens, width=12, seed=0, q_lens=None, **extra):
     seq_lens, table, qsl, slots, num_tokens, max_q = _batch(seq_lens, width, seed, q_lens)
-    return FlashAttentionMetadata(
+    return complete_metadata(
+        FlashAttentionMetadata,
         num_actual_tokens=num_tokens,
         max_query_len=max_q,
         query_start_loc=qsl,
@@ -70,7 +72,8 @@ def flash_metadata(seq_lens, width=12, seed=0, q_lens=None, **extra):
 
 def triton_metadata(seq_lens, width=12, seed=0, q_lens=None, causal=True, **extra):
     seq_lens, table, qsl, slots, num_tokens, max_q = _batch(seq_lens, width, seed, q_lens)
-    return TritonAttentionMetadata(
+    return complete_metadata(
+        TritonAttentionMetadata,
         num_actual_tokens=num_tokens,
         max_query_len=max_q,
         query_start_loc=qsl,
@@ -78,7 +81,8 @@ def triton_metadata(seq_lens, width=12, seed=0, q_lens=None, causal=True, **extr
         seq_lens=seq_lens,
         block_table=table,
         slot_mapping=slots,
-        seq_threshold_3D=4,
+        # the 2D/3D switch of vLLM >= 0.32's Triton kernel (0.26 has none)
+        **({"seq_threshold_3D": 4} if has_field(TritonAttentionMetadata, _THRESHOLD) else {}),
         num_par_softmax_segments=16,
         softmax_segm_output=torch.empty(num_tokens, HEADS, 16, 16),
         softmax_segm_max=torch.empty(num_tokens, HEADS, 16),
@@ -390,7 +394,7 @@ def test_triton_scratch_and_plan_fields_shared():
     metadata = triton_metadata([300, 40])
     out = window_attention_metadata(metadata, buffers(), WindowSpec(64, 0, BLOCK))
     assert out.softmax_segm_output is metadata.softmax_segm_output
-    assert out.seq_threshold_3D == metadata.seq_threshold_3D
+    assert getattr(out, "seq_threshold_3D", None) == getattr(metadata, "seq_threshold_3D", None)
     assert out.causal is metadata.causal
 
 
@@ -460,6 +464,8 @@ def test_buffer_views_are_made_once_per_shape_and_share_storage():
     ],
 )
 def test_unsupported_features_raise(field, feature):
+    if not has_field(FlashAttentionMetadata, field):
+        pytest.skip(f"this vLLM's FlashAttentionMetadata has no {field}")
     metadata = flash_metadata([300, 40], **{field: torch.ones(2, dtype=torch.int32)})
     with pytest.raises(NotImplementedError, match=f"{field} is set .*{feature}"):
         window_attention_metadata(metadata, buffers(), WindowSpec(64, 0, BLOCK))
@@ -627,7 +633,8 @@ class _FlashMetadataWithWindow(FlashAttentionMetadata):
 def _flash_with_window(seq_lens, sliding_window=(-1, -1), **extra):
     base = flash_metadata(seq_lens, seed=5, q_lens=[1] * len(seq_lens), **extra)
     given = {f.name: getattr(base, f.name) for f in dataclasses.fields(FlashAttentionMetadata)}
-    return _FlashMetadataWithWindow(**given, sliding_window=sliding_window)
+    given["sliding_window"] = sliding_window  # a field of 0.26's class itself
+    return _FlashMetadataWithWindow(**given)
 
 
 @pytest.mark.parametrize("longest", [115, 116, 300], ids=["kept", "cut", "cut-far"])
@@ -882,7 +889,7 @@ def test_sinks_expand_causal_calls_per_token(
     assert out.slot_mapping is metadata.slot_mapping and out.causal is metadata.causal
     if make is triton_metadata:  # split-K scratch is indexed by query token: shared
         assert out.softmax_segm_output is metadata.softmax_segm_output
-        assert out.seq_threshold_3D == metadata.seq_threshold_3D
+        assert getattr(out, "seq_threshold_3D", None) == getattr(metadata, "seq_threshold_3D", None)
     if make is cpu_metadata:  # re-planned for the token rows, no sliding window
         [plan] = planned
         assert plan["num_reqs"] == num_tokens and plan["sliding_window_size"] == -1

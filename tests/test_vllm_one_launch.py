@@ -18,7 +18,6 @@ check.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 
@@ -33,7 +32,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 from dspark_compile.integrations.vllm import StepWindows, token_window as vllm_metadata
 from dspark_compile.integrations.vllm.metadata import WindowSpec
 from dspark_compile.kernels import query_window_table as window_metadata
-from tests.vllm_helpers import cpu_vllm_config
+from tests.vllm_helpers import complete_metadata, cpu_vllm_config
 
 BLOCK, WINDOW = 16, 64
 SEQ_LENS, Q_LENS = [300, 40, 77], [3, 1, 150]
@@ -68,13 +67,7 @@ def _metadata(device: str = "cpu", fake_cuda: bool = False) -> FlashAttentionMet
         slot_mapping=slots,
     )
     # fields other vLLM versions require (0.26: cascade attention's): off / none
-    for field in dataclasses.fields(FlashAttentionMetadata):
-        required = field.default is dataclasses.MISSING
-        if required and field.default_factory is dataclasses.MISSING and field.name not in given:
-            given[field.name] = False if field.name.startswith("use_") else None
-    if "common_prefix_len" in given and given["common_prefix_len"] is None:
-        given["common_prefix_len"] = 0
-    return FlashAttentionMetadata(**given)
+    return complete_metadata(FlashAttentionMetadata, **given)
 
 
 def _expected(metadata) -> tuple[torch.Tensor, torch.Tensor]:

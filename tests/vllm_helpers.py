@@ -1,5 +1,6 @@
-"""Real vLLM configs for CPU tests (no GPU, no model download)."""
+"""Real vLLM configs and metadata objects for CPU tests (no GPU, no model download)."""
 
+import dataclasses
 from typing import Any
 
 # PassConfig flags whose fusion passes vLLM only imports on CUDA/ROCm/XPU
@@ -52,3 +53,22 @@ def cpu_pass_manager(config):
         lambda graph: None, uuid="fix_functionalization skipped on CPU"
     )
     return manager
+
+
+def complete_metadata(cls: type, **given: Any) -> Any:
+    """``cls(**given)`` for a vLLM attention-metadata dataclass, with the required fields
+    another vLLM version has and the test does not set filled with their no-op values
+    (vLLM 0.26's cascade fields: ``use_cascade=False``, ``common_prefix_len=0``, the cascade
+    tensors None). A field this vLLM lacks stays an error."""
+    for field in dataclasses.fields(cls):
+        required = (
+            field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        )
+        if required and field.name not in given:
+            name = field.name
+            given[name] = False if name.startswith("use_") else 0 if name.endswith("_len") else None
+    return cls(**given)
+
+
+def has_field(cls: type, name: str) -> bool:
+    return name in {field.name for field in dataclasses.fields(cls)}
