@@ -404,7 +404,35 @@ def test_flash_aot_schedule_dropped_for_replanning():
     out = window_attention_metadata(metadata, buffers(), WindowSpec(64, 0, BLOCK))
     assert out.scheduler_metadata is None  # planned from the full seq_lens
     assert metadata.scheduler_metadata is schedule  # original untouched
-    assert out.max_num_splits == 4
+    assert out.max_num_splits == 1 and metadata.max_num_splits == 4
+
+
+@pytest.mark.parametrize("longest", [60, 100], ids=["kept", "cut"])
+def test_flash_window_runs_with_one_kv_split(longest):
+    """Every causal FlashAttention call that applies the draft window runs with one KV
+    split (batch-invariant: the output does not depend on FA3's split schedule); a plan
+    made for another split count is dropped, one made for a single split is kept."""
+    spec = WindowSpec(64, 3, BLOCK)  # n = 61: 60 tokens hide no key, 100 are cut
+    plan = torch.arange(7, dtype=torch.int32)
+    metadata = flash_metadata([longest, 40], scheduler_metadata=plan, max_num_splits=32)
+    from dspark_compile.integrations.vllm import seam
+
+    out = window_attention_metadata(metadata, buffers(), spec)
+    if seam.has_metadata_window(metadata) and longest <= spec.tokens:
+        # vLLM 0.26 with a native window that hides nothing: vLLM's own metadata
+        assert out.max_num_splits == 32 and out.scheduler_metadata is plan
+    else:
+        assert out.max_num_splits == 1 and out.scheduler_metadata is None
+    assert metadata.max_num_splits == 32 and metadata.scheduler_metadata is plan
+    single = flash_metadata([longest, 40], scheduler_metadata=plan, max_num_splits=1)
+    if longest == 60 and not seam.has_metadata_window(single):  # kept: lengths unchanged
+        assert window_attention_metadata(single, buffers(), spec).scheduler_metadata is plan
+
+
+def test_noncausal_flash_keeps_its_split_count():
+    metadata = flash_metadata([300, 40], max_num_splits=32, causal=False)
+    out = window_attention_metadata(metadata, buffers(), WindowSpec(64, 3, BLOCK))
+    assert out.max_num_splits == 32
 
 
 def test_windowed_metadata_is_a_shallow_copy_of_vllms():
@@ -652,6 +680,7 @@ def test_metadata_that_carries_the_window_gets_the_native_window(longest):
     out = window_attention_metadata(metadata, buffers(), spec)
     assert out.dspark_window_cut is (longest >= 116)
     assert out.sliding_window == (99, 0) and out.scheduler_metadata is None
+    assert out.max_num_splits == 1
     assert applied_window(layer, out) == (99, 0)
     assert layer.impl.sliding_window == (-1, -1)
     # the original object is left as it was
@@ -659,13 +688,39 @@ def test_metadata_that_carries_the_window_gets_the_native_window(longest):
     assert applied_window(layer, metadata) == (-1, -1)
 
 
+@pytest.mark.parametrize("longest", [1, 61], ids=["one-token", "n-tokens"])
+def test_kept_step_whose_native_window_hides_nothing_keeps_vllms_metadata(longest):
+    """Where the metadata carries the window and no request is longer than ``W - K``
+    (``native_window_cuts_nothing``), the token-exact window is the plain causal
+    attention: the copy keeps the group's window, split count and plan, as the target's
+    own layers run it."""
+    spec = WindowSpec(64, 3, BLOCK)  # n = 61
+    plan = torch.ones(4)
+    metadata = _flash_with_window([longest, 40, 1], scheduler_metadata=plan, max_num_splits=32)
+    out = window_attention_metadata(metadata, buffers(), spec)
+    assert out.dspark_window_cut is False
+    assert out.sliding_window == (-1, -1) and out.scheduler_metadata is plan
+    assert out.max_num_splits == 32
+    # one token more and the native window hides key 0 from the last query
+    longer = _flash_with_window([62, 40, 1], scheduler_metadata=plan, max_num_splits=32)
+    out = window_attention_metadata(longer, buffers(), spec)
+    assert out.sliding_window == (60, 0) and out.scheduler_metadata is None
+    assert out.max_num_splits == 1
+
+
 def test_metadata_window_already_the_drafts_keeps_its_plan():
     """A draft KV-cache group bounded to ``SlidingWindowSpec(W - K)`` already carries the
-    window: nothing changes, the plan stays."""
+    window: with one split already (batch-invariant vLLM) nothing changes, the plan
+    stays; with more, only the split count does and the plan is re-made."""
     plan = torch.ones(4)
-    metadata = _flash_with_window([115, 40, 1], (99, 0), scheduler_metadata=plan)
-    out = window_attention_metadata(metadata, buffers(), WindowSpec(103, 3, BLOCK))
-    assert out.sliding_window == (99, 0) and out.scheduler_metadata is plan
+    spec = WindowSpec(103, 3, BLOCK)
+    for splits, kept in ((1, True), (0, False), (32, False)):
+        metadata = _flash_with_window(
+            [115, 40, 1], (99, 0), scheduler_metadata=plan, max_num_splits=splits
+        )
+        out = window_attention_metadata(metadata, buffers(), spec)
+        assert out.sliding_window == (99, 0) and out.max_num_splits == 1
+        assert (out.scheduler_metadata is plan) is kept
 
 
 def test_noncausal_metadata_keeps_the_groups_window():

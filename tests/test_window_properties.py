@@ -203,6 +203,20 @@ def test_window_cuts_nothing_exactly_when_no_start_moves(requests, size, k, bloc
     assert window.batch_window_start(edge, torch.tensor([0, 1]), n, block).tolist() == [block]
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=6),
+    st.integers(1, 300),
+)
+def test_native_window_cuts_nothing_exactly_when_every_query_sees_every_key(requests, n):
+    """``native_window_cuts_nothing(max_seq_len, n)`` holds exactly when the token-exact
+    causal window of ``n`` keys (query p sees ``[max(p - n + 1, 0), p]``) hides no key
+    ``j <= p`` from any query of the batch."""
+    seq = [max(s, q) for s, q in requests]
+    hidden = any(p - n + 1 > 0 for s, (_, q) in zip(seq, requests) for p in range(s - min(q, s), s))
+    assert window.native_window_cuts_nothing(max(seq), n) is (not hidden)
+
+
 @settings(max_examples=200, deadline=None)
 @given(*FIRST_QUERY_BATCH)
 def test_first_query_window_is_token_exact_and_fits_its_columns(requests, size, k, block):

@@ -159,6 +159,17 @@ def window_cuts_nothing(max_seq_len: int, window_tokens: int, block_size: int) -
     return max_seq_len < window_tokens + block_size
 
 
+def native_window_cuts_nothing(max_seq_len: int, window_tokens: int) -> bool:
+    """Whether the token-exact causal window of ``n`` keys hides no key from any query of
+    a batch whose ``seq_lens`` are at most ``max_seq_len``: ``max_seq_len <= n``.
+
+    A causal query at position ``p <= seq_len - 1`` sees keys ``[max(p - n + 1, 0), p]``,
+    and ``p - n + 1 <= seq_len - n <= 0``: the window is all of ``[0, p]``, the plain
+    causal attention.
+    """
+    return max_seq_len <= window_tokens
+
+
 def first_query_window_columns(
     window_tokens: int, block_size: int, max_query_len: int, table_width: int
 ) -> int:

@@ -9,6 +9,7 @@ attention's scheduler metadata. vLLM itself is reached through ``seam`` only.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -33,13 +34,22 @@ def supported_metadata_types() -> tuple[type, ...]:
 
 def metadata_backend(metadata: Any) -> str:
     """The backend name of a metadata object; ``TypeError`` for any other backend."""
-    for name, cls in seam.metadata_classes().items():
-        if isinstance(metadata, cls):
+    name = _backend_of_type(type(metadata))
+    if name is None:
+        raise TypeError(
+            f"attention metadata of type {type(metadata).__name__} cannot be windowed: "
+            f"the draft window supports the {', '.join(SUPPORTED_BACKENDS)} backends"
+        )
+    return name
+
+
+@functools.cache
+def _backend_of_type(cls: type) -> str | None:
+    """Per metadata class, once per process: read on every windowed draft call."""
+    for name, backend_cls in seam.metadata_classes().items():
+        if issubclass(cls, backend_cls):
             return name
-    raise TypeError(
-        f"attention metadata of type {type(metadata).__name__} cannot be windowed: "
-        f"the draft window supports the {', '.join(SUPPORTED_BACKENDS)} backends"
-    )
+    return None
 
 
 def kernel_block_size(kv_cache: torch.Tensor) -> int:
@@ -113,7 +123,7 @@ def reads_metadata_window(metadata: Any) -> bool:
     the windowed metadata copy (``token_window.window_attention_metadata``) and the layer
     is left as it is, so vLLM's ahead-of-time FlashAttention plan, which it makes only
     while every layer's ``impl.sliding_window`` is the same, stays on for the target."""
-    return metadata_backend(metadata) == "FLASH_ATTN" and seam.has_metadata_window(metadata)
+    return _backend_of_type(type(metadata)) == "FLASH_ATTN" and seam.has_metadata_window(metadata)
 
 
 def applied_window(layer: Any, metadata: Any) -> Any:

@@ -6,16 +6,25 @@ block table keeps ``first_query_window_columns`` columns and ``max_seq_len`` bec
 ``min(max_seq_len, windowed_len_bound(W, b, K, max_query_len))``. The backend's native
 window (``backends.apply_native_window``) decides what each token reads. Where the
 backend's forward reads the window from the metadata (``backends.reads_metadata_window``:
-vLLM 0.26's FlashAttention), a causal copy carries it: ``sliding_window = (W - K - 1, 0)``,
-and the ahead-of-time FlashAttention plan is dropped when that changes the window it
-was planned for.
+vLLM 0.26's FlashAttention), a causal copy carries it: ``sliding_window = (W - K - 1, 0)``.
+
+A causal FlashAttention copy whose forward applies the draft window runs it with ONE KV
+split (``max_num_splits = 1``, vLLM's batch-invariant setting): the call reads at most
+``W - K + b - 1`` keys per query, and one split makes its output independent of the
+split schedule (FA3's split-KV over a local window differed run to run in the engine,
+``benchmarks/fa_window_determinism.py``). The ahead-of-time FlashAttention plan is
+dropped whenever the copy's window or split count differs from the one it was planned
+for (FA3 then plans from the call's own arguments).
 
 A FlashAttention/Triton step that the window cannot cut (``max_seq_len < W - K + b``:
-every request with a query has its window start at key 0) keeps its own lengths, table
-and FlashAttention scheduler metadata (a shallow copy with ``dspark_window_cut =
-False``): no kernel launch, the same attention (the native window still applies). Not
-while a CUDA graph is being captured, and not for CPU attention (its scheduler metadata
-must be re-planned for the native window).
+every request with a query has its window start at key 0) keeps its own lengths and
+table (a shallow copy with ``dspark_window_cut = False``): no kernel launch, the same
+attention (the native window still applies). Where
+the metadata carries the window and the native window hides no key either
+(``max_seq_len <= W - K``, ``arithmetic.window.native_window_cuts_nothing``), the copy
+keeps vLLM's window, split count and plan too: the attention the target's own layers
+run. Not while a CUDA graph is being captured, and not for CPU attention (its scheduler
+metadata must be re-planned for the native window).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dspark_compile.arithmetic.window import (
     batch_window_start,
     first_query_window_columns,
     first_query_window_table,
+    native_window_cuts_nothing,
     window_cuts_nothing,
     windowed_len_bound,
 )
@@ -194,7 +204,7 @@ def window_attention_metadata(
     if backend != "CPU_ATTN" and _cuts_nothing(metadata, spec):
         out = shallow_copy(metadata)
         out.dspark_window_cut = False
-        _carry_native_window(out, spec)
+        _flash_attention_window(out, spec, backend, cut=False)
         return out
     seq_lens, table = metadata.seq_lens, metadata.block_table
     buffers.check_fits(seq_lens, table)
@@ -234,17 +244,27 @@ def window_attention_metadata(
         out.scheduler_metadata = None
     if backend == "CPU_ATTN":
         out.scheduler_metadata = cpu_scheduler_metadata(out, layer, spec, query_dtype)
-    _carry_native_window(out, spec)
+    _flash_attention_window(out, spec, backend, cut=True)
     return out
 
 
-def _carry_native_window(out: Any, spec: WindowSpec) -> None:
-    """The native window in a causal metadata copy whose forward reads the window from
-    the metadata (``backends.reads_metadata_window``); an ahead-of-time FlashAttention
-    plan made for another window is dropped (FA3 plans from the call's window)."""
-    if not (is_causal(out) and reads_metadata_window(out)):
+def _flash_attention_window(out: Any, spec: WindowSpec, backend: str, cut: bool) -> None:
+    """A causal FlashAttention copy (module doc): the native window where the forward
+    reads it from the metadata, one KV split, and no ahead-of-time plan made for another
+    window or split count. A kept step (``cut=False``) whose native window hides no key
+    keeps vLLM's metadata as it is."""
+    if backend != "FLASH_ATTN" or not is_causal(out):
         return
-    want = native_window_value("FLASH_ATTN", spec.tokens)
-    if out.sliding_window != want:
-        out.sliding_window = want
+    changed = False
+    if reads_metadata_window(out):
+        if not cut and native_window_cuts_nothing(int(out.max_seq_len), spec.tokens):
+            return
+        want = native_window_value(backend, spec.tokens)
+        if out.sliding_window != want:
+            out.sliding_window = want
+            changed = True
+    if getattr(out, "max_num_splits", 1) != 1:
+        out.max_num_splits = 1
+        changed = True
+    if changed:
         out.scheduler_metadata = None
