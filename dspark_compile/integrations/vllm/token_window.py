@@ -10,9 +10,9 @@ vLLM 0.26's FlashAttention), a causal copy carries it: ``sliding_window = (W - K
 
 A causal FlashAttention copy whose forward applies the draft window runs it with ONE KV
 split (``max_num_splits = 1``, vLLM's batch-invariant setting): the call reads at most
-``W - K + b - 1`` keys per query, and one split makes its output independent of the
-split schedule (FA3's split-KV over a local window differed run to run in the engine,
-``benchmarks/fa_window_determinism.py``). The ahead-of-time FlashAttention plan is
+``W - K + b - 1`` keys per query, so more splits buy nothing but a combine launch, and
+one split makes its output independent of any split schedule
+(``benchmarks/fa_window_determinism.py`` times both). The ahead-of-time FlashAttention plan is
 dropped whenever the copy's window or split count differs from the one it was planned
 for (FA3 then plans from the call's own arguments).
 
