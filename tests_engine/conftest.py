@@ -234,6 +234,19 @@ def expected_native_window(spec: dict) -> str:
     return str(n) if spec["backend"] == "CPU_ATTN" else repr((n - 1, 0))
 
 
+def metadata_carries_window(spec: dict) -> bool:
+    """Whether the engine's backend takes the window from the metadata, not the layer:
+    FlashAttention on a vLLM whose metadata has the ``sliding_window`` field (0.26;
+    ``seam.has_metadata_window``)."""
+    if spec["backend"] != "FLASH_ATTN":
+        return False
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
+
+    from dspark_compile.integrations.vllm import seam
+
+    return "sliding_window" in seam._field_names(FlashAttentionMetadata)
+
+
 # ``repr(impl.sliding_window)`` of a layer without a sliding window, per backend.
 NO_NATIVE_WINDOW = {"CPU_ATTN": "-1", "FLASH_ATTN": "(-1, -1)", "TRITON_ATTN": "(-1, -1)"}
 

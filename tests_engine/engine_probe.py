@@ -120,6 +120,9 @@ def _record(name: str, layer: Any, attn_metadata: Any) -> None:
                 "windowed": 0,
                 "max_query_len": 0,
                 "sliding_window": None,
+                "applied_windows": {},
+                "past_n": 0,
+                "no_window_past_n": 0,
                 "expanded": 0,
                 "expanded_max_tokens": 0,
                 "sink_size": 0,
@@ -143,7 +146,14 @@ def _record(name: str, layer: Any, attn_metadata: Any) -> None:
                 record["expanded"] += 1
                 record["expanded_max_tokens"] = max(record["expanded_max_tokens"], tokens)
         record["max_query_len"] = max(record["max_query_len"], int(attn_metadata.max_query_len))
-        record["sliding_window"] = repr(applied_window(layer, attn_metadata))
+        applied = repr(applied_window(layer, attn_metadata))
+        record["sliding_window"] = applied
+        record["applied_windows"][applied] = record["applied_windows"].get(applied, 0) + 1
+        # windowed calls with a request longer than W - K; those that apply no window
+        if spec is not None and not spec.sink_size and int(attn_metadata.max_seq_len) > spec.tokens:
+            record["past_n"] += 1
+            if applied in ("None", "-1", "(-1, -1)"):
+                record["no_window_past_n"] += 1
 
 
 def flash_attention_plans(worker: Any) -> list[dict[str, Any]]:
