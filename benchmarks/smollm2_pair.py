@@ -18,6 +18,8 @@ Three steps, each a subcommand (``python benchmarks/smollm2_pair.py STEP --pair 
   ``DIR/weights/{draft,eagle3}.safetensors`` (those tensors alone, bf16: small enough to
   bring back from a lent GPU), and ``DIR/train_report.json`` (the fields
   ``benchmarks/bench_engine.py`` reads, losses per context, git commit, versions).
+  ``--only NAME --weights WDIR`` trains one draft (``draft_model`` or ``eagle3``) and loads
+  the other from ``WDIR/{draft,eagle3}.safetensors``, unchanged (the report says which).
 - ``assemble --weights WDIR``: ``DIR/draft`` and ``DIR/eagle3`` rebuilt from
   ``DIR/target`` and the tensors ``train`` saved: the same checkpoints on another machine.
 
@@ -186,7 +188,7 @@ def export(draft, eagle3, out: Path) -> None:
 
 
 def train(args) -> int:
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     out: Path = args.pair
     device = torch.device(args.device)
@@ -208,26 +210,35 @@ def train(args) -> int:
 
         return report
 
+    if args.only:  # the whole budget goes to the one draft trained
+        budget = {k: (args.time_budget if k == args.only else None) for k in budget}
     record = {}
-    draft = new_draft(target)
-    record["draft_model"] = train_lm(
-        draft,
-        tokens["train"],
-        DRAFT_TRAIN,
-        teacher=target,
-        progress=progress("draft_model"),
-        time_budget_s=budget["draft_model"],
-    )
-    eagle3 = new_eagle3(target)
-    record["eagle3"] = eagle3_lib.train_eagle3(
-        eagle3,
-        target,
-        tokens["train"],
-        EAGLE3_TRAIN,
-        distill=True,
-        progress=progress("eagle3"),
-        time_budget_s=budget["eagle3"],
-    )
+    draft, eagle3 = new_draft(target), new_eagle3(target)
+    for name, model, file in (("draft_model", draft, "draft"), ("eagle3", eagle3, "eagle3")):
+        if args.only and name != args.only:
+            source = args.weights / f"{file}.safetensors"
+            load_trained(model, load_file(str(source)))
+            record[name] = {"loaded": str(source), "trained": False}
+            log(f"{name}: loaded from {source}, not trained")
+    if args.only in (None, "draft_model"):
+        record["draft_model"] = train_lm(
+            draft,
+            tokens["train"],
+            DRAFT_TRAIN,
+            teacher=target,
+            progress=progress("draft_model"),
+            time_budget_s=budget["draft_model"],
+        )
+    if args.only in (None, "eagle3"):
+        record["eagle3"] = eagle3_lib.train_eagle3(
+            eagle3,
+            target,
+            tokens["train"],
+            EAGLE3_TRAIN,
+            distill=True,
+            progress=progress("eagle3"),
+            time_budget_s=budget["eagle3"],
+        )
     train_s = time.time() - started
     weights = {"draft": trained_tensors(draft), "eagle3": trained_tensors(eagle3)}
     (out / "weights").mkdir(exist_ok=True)
@@ -301,6 +312,12 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds of training")
     parser.add_argument(
+        "--only",
+        choices=("draft_model", "eagle3"),
+        default=None,
+        help="train: this draft alone, the other loaded from --weights (default: both)",
+    )
+    parser.add_argument(
         "--eval-contexts",
         type=lambda s: [int(c) for c in s.split(",")],
         default=list(EVAL_CONTEXTS),
@@ -309,6 +326,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.step == "assemble" and not args.weights:
         parser.error("assemble needs --weights (the folder train wrote weights/ to)")
+    if args.only and (args.step != "train" or not args.weights):
+        parser.error(
+            f"--only {args.only} is a train option and needs --weights (the folder holding "
+            "the other draft's safetensors)"
+        )
     return {"prepare": prepare, "train": train, "assemble": assemble}[args.step](args)
 
 

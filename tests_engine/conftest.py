@@ -236,15 +236,19 @@ def expected_native_window(spec: dict) -> str:
 
 def metadata_carries_window(spec: dict) -> bool:
     """Whether the engine's backend takes the window from the metadata, not the layer:
-    FlashAttention on a vLLM whose metadata has the ``sliding_window`` field (0.26;
-    ``seam.has_metadata_window``)."""
+    FlashAttention on a vLLM whose metadata has the ``sliding_window`` field (0.26)."""
     if spec["backend"] != "FLASH_ATTN":
         return False
+    import dataclasses
+
     from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
 
-    from dspark_compile.integrations.vllm import seam
-
-    return "sliding_window" in seam._field_names(FlashAttentionMetadata)
+    fields = (
+        dataclasses.fields(FlashAttentionMetadata)
+        if dataclasses.is_dataclass(FlashAttentionMetadata)
+        else ()
+    )
+    return any(f.name == "sliding_window" for f in fields)
 
 
 # ``repr(impl.sliding_window)`` of a layer without a sliding window, per backend.

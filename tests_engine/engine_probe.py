@@ -17,6 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# ``repr`` of an applied window that windows nothing, on every backend: None (no window
+# given), -1 (CPU_ATTN), (-1, -1) (FLASH_ATTN, TRITON_ATTN).
+NO_WINDOW_REPRS = ("None", "-1", "(-1, -1)")
+
 CALLS: dict[str, dict[str, Any]] = {}
 
 
@@ -152,7 +156,7 @@ def _record(name: str, layer: Any, attn_metadata: Any) -> None:
         # windowed calls with a request longer than W - K; those that apply no window
         if spec is not None and not spec.sink_size and int(attn_metadata.max_seq_len) > spec.tokens:
             record["past_n"] += 1
-            if applied in ("None", "-1", "(-1, -1)"):
+            if applied in NO_WINDOW_REPRS:
                 record["no_window_past_n"] += 1
 
 
