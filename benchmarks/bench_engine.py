@@ -96,7 +96,7 @@ FAMILY_DRAFTS = {
 }
 #: families whose engines run vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)
 V1_RUNNER_FAMILIES = ("eagle3",)
-OUR_LOOP_FAMILIES = ("draft_model", "eagle")
+OUR_LOOP_FAMILIES = ("draft_model", "eagle", "eagle3")
 ENGINE_START_ESTIMATE_S = 60.0
 OUR_LOOP_RESERVE_S = 100.0
 #: GPU memory fraction all side-by-side engines share (each gets it / engines)
@@ -475,7 +475,7 @@ def run_our_loop(spec_path: Path, out_path: Path) -> None:
     each windowed draft query reads exactly the W - K keys vLLM's route gives it."""
     import torch
 
-    from dspark_research.speculative import hf_export
+    from dspark_research.speculative import eagle3, hf_export
     from dspark_research.speculative.loop import SpeculativeDecoder, compile_draft
 
     spec = json.loads(spec_path.read_text())
@@ -485,6 +485,7 @@ def run_our_loop(spec_path: Path, out_path: Path) -> None:
     drafts = {
         "draft_model": lambda: hf_export.load_llama(pair / "draft").to(device),
         "eagle": lambda: hf_export.load_eagle(pair / "eagle", target.cpu()).to(device),
+        "eagle3": lambda: eagle3.load_eagle3(pair / "eagle3", target.cpu()).to(device),
     }
     target = target.to(device)
     rows = []
@@ -996,7 +997,7 @@ def main(argv=None) -> int:
         result["notes"].append(
             "our loop: not run for "
             + ", ".join(f for f in families if f not in OUR_LOOP_FAMILIES)
-            + " (dspark_research.speculative's loop runs draft_model and eagle drafts only)"
+            + " (dspark_research.speculative's loop runs draft_model, eagle and eagle3 drafts only)"
         )
     if args.our_loop:
         remaining = deadline - time.time()

@@ -23,6 +23,12 @@ the lines), and what :class:`Eagle3Draft` computes the same way:
   target's instead only when they are equal). ``draft_vocab_size == vocab_size`` and
   no ``d2t`` tensor: the draft's token ids are the target's.
 
+Decoding: :class:`Eagle3Draft` is also a
+:class:`~dspark_research.speculative.protocol.PagedModel` (``forward`` on a paged KV
+cache through the ``dspark`` attention ops, so ``compile_draft`` windows it);
+:class:`~dspark_research.speculative.loop.SpeculativeDecoder` drafts with it as vLLM's
+``eagle3`` proposer does (see the loop's docstring).
+
 Training (:func:`train_eagle3`): cross entropy of step 1 (teacher forcing on the
 target's aux states) plus, with ``unroll=2``, of an unrolled second step fed by the
 draft's own pre-norm hidden (EAGLE3's training-time test), whose query at position
@@ -41,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import dspark_compile.ops  # noqa: F401  (torch.ops.dspark.*)
 from dspark_compile.models.layers import RMSNorm, apply_rope
 from dspark_research.speculative.corpus import random_windows
 from dspark_research.speculative.hf_export import (
@@ -100,7 +107,9 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
 class Eagle3Draft(nn.Module):
     """One-layer EAGLE3 draft (vLLM ``Eagle3LlamaForCausalLM``). ``cfg``: its shape
     (``num_layers`` must be 1, ``feature_size`` 0); ``aux_layer_ids``: the target
-    layers whose inputs it reads; ``target_hidden_size``: their width."""
+    layers whose inputs it reads; ``target_hidden_size``: their width. ``forward_dense``
+    (training, references) and the paged ``forward`` (the speculative loop) share the
+    weights."""
 
     def __init__(
         self,
@@ -153,37 +162,60 @@ class Eagle3Draft(nn.Module):
         (vLLM's ``combine_hidden_states``)."""
         return self.fc(aux.to(self.fc.weight.dtype))
 
+    def _flat_qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """``tokens [T]``, ``hidden [T, H]``, ``positions [T]`` -> q ``[T, Hq, D]``, k, v
+        ``[T, Hkv, D]`` (RoPE on q, k): attention over ``cat[input_norm(embed(tokens)),
+        hidden_norm(hidden)]``."""
+        cfg = self.cfg
+        x = torch.cat([self.input_norm(self.embed(tokens)), self.hidden_norm(hidden)], dim=-1)
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.reshape(-1, cfg.num_heads, cfg.head_dim), positions, cfg.rope_theta)
+        k = apply_rope(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
+        return q, k, v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+
     def _qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """``tokens [B, S]``, ``hidden [B, S, H]``, ``positions [S]`` -> q ``[B, Hq, S, D]``,
         k, v ``[B, Hkv, S, D]``."""
-        cfg = self.cfg
         batch, seq = tokens.shape
-        x = torch.cat([self.input_norm(self.embed(tokens)), self.hidden_norm(hidden)], dim=-1)
-        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        pos = positions.repeat(batch)
-        q = apply_rope(q.reshape(batch * seq, cfg.num_heads, cfg.head_dim), pos, cfg.rope_theta)
-        k = apply_rope(k.reshape(batch * seq, cfg.num_kv_heads, cfg.head_dim), pos, cfg.rope_theta)
-        q, k, v = (t.reshape(batch, seq, -1, cfg.head_dim).transpose(1, 2) for t in (q, k, v))
-        return q, k, v
+        qkv = self._flat_qkv(
+            tokens.reshape(-1), hidden.reshape(batch * seq, -1), positions.repeat(batch)
+        )
+        return tuple(t.reshape(batch, seq, -1, self.cfg.head_dim).transpose(1, 2) for t in qkv)
 
     def _finish(self, attn: torch.Tensor, residual: torch.Tensor):
-        """Attention output ``[B, Hq, S, D]`` and the layer's residual (its input hidden)
-        -> ``(logits [B, S, V] fp32, pre-norm hidden [B, S, H])``."""
-        batch, _, seq, _ = attn.shape
-        r = self.o_proj(attn.transpose(1, 2).reshape(batch, seq, self.q_size)) + residual
+        """Attention output ``[..., Hq * D]`` and the layer's residual (its input hidden,
+        ``[..., H]``) -> ``(logits [..., V] fp32, pre-norm hidden [..., H])``."""
+        r = self.o_proj(attn) + residual
         gate, up = self.gate_up(self.mlp_norm(r)).chunk(2, dim=-1)
         pre = r + self.down(F.silu(gate) * up)
         return self.lm_head(self.norm(pre)).float(), pre
 
+    @staticmethod
+    def _heads_last(attn: torch.Tensor) -> torch.Tensor:
+        """SDPA's ``[B, Hq, S, D]`` -> ``[B, S, Hq * D]``."""
+        batch, heads, seq, dim = attn.shape
+        return attn.transpose(1, 2).reshape(batch, seq, heads * dim)
+
     # -- forwards -------------------------------------------------------------------------
-    def forward_dense(self, tokens: torch.Tensor, hidden: torch.Tensor, start: int = 0):
+    def forward_dense(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        start: int = 0,
+        attn_mask: Optional[torch.Tensor] = None,
+    ):
         """One causal pass: ``tokens [B, S]`` (``x[p + 1]`` at slot p), ``hidden [B, S, H]``
         (``fc(aux)[p]``, or the draft's own pre-norm output) at positions ``start ..
-        start + S - 1`` -> ``(logits [B, S, V] fp32, pre-norm hidden [B, S, H])``."""
+        start + S - 1`` -> ``(logits [B, S, V] fp32, pre-norm hidden [B, S, H])``.
+        ``attn_mask``: ``[S, S]`` bool (True: query i attends key j) instead of causal,
+        e.g. causal and a sliding window."""
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         q, k, v = self._qkv(tokens, hidden, positions)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self._finish(out, hidden)
+        if attn_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask, enable_gqa=True)
+        return self._finish(self._heads_last(out), hidden)
 
     def forward_unrolled(self, tokens: torch.Tensor, aux: torch.Tensor, next_tokens: torch.Tensor):
         """Two draft steps, as vLLM runs them. Step 1: ``tokens [B, S]`` with ``fc(aux
@@ -197,7 +229,7 @@ class Eagle3Draft(nn.Module):
         positions = torch.arange(seq, device=device)
         q1, k1, v1 = self._qkv(tokens, hidden, positions)
         out1 = F.scaled_dot_product_attention(q1, k1, v1, is_causal=True, enable_gqa=True)
-        logits1, pre1 = self._finish(out1, hidden)
+        logits1, pre1 = self._finish(self._heads_last(out1), hidden)
         q2, k2, v2 = self._qkv(next_tokens, pre1, positions + 1)
         causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
         own = torch.eye(seq, dtype=torch.bool, device=device)
@@ -205,8 +237,59 @@ class Eagle3Draft(nn.Module):
         out2 = F.scaled_dot_product_attention(
             q2, torch.cat([k1, k2], dim=2), torch.cat([v1, v2], dim=2), mask, enable_gqa=True
         )
-        logits2, _ = self._finish(out2, pre1)
+        logits2, _ = self._finish(self._heads_last(out2), pre1)
         return logits1, logits2
+
+    # -- the speculative loop's paged protocol (PagedModel) -------------------------------
+    @property
+    def feature_size(self) -> int:
+        """Width of the hidden the paged forward reads beside each token: ``hidden_size``
+        (``combine(aux)`` at positions the target verified, the draft's own pre-norm
+        output while it proposes)."""
+        return self.cfg.hidden_size
+
+    @property
+    def kv_cache_shape(self) -> tuple[int, int, int]:
+        """(num_layers = 1, num_kv_heads, head_dim) of the paged KV cache it writes."""
+        return 1, self.cfg.num_kv_heads, self.cfg.head_dim
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        key_caches: Sequence[torch.Tensor],
+        value_caches: Sequence[torch.Tensor],
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ):
+        """Paged forward (the loop's :class:`~dspark_research.speculative.protocol.PagedModel`,
+        the attention through ``dspark.reshape_and_cache`` / ``dspark.paged_attention`` as
+        :class:`~dspark_research.speculative.lm.Block`'s, so ``backend="dspark"`` windows it).
+
+        ``tokens [T]`` int64 (vLLM's shifted ids: ``x[p + 1]`` at position p),
+        ``features [T, H]`` (``combine(aux[p])`` or the draft's pre-norm output at p - 1),
+        ``positions [T]``, one ``[num_blocks, b, Hkv, D]`` key/value cache in each list,
+        ``block_table``, ``seq_lens``, ``query_start_loc``, ``slot_mapping`` as in
+        :meth:`TransformerLM.forward`. Returns ``(logits [T, V] fp32, pre-norm hidden
+        [T, H])``; the hidden is what vLLM feeds the next draft step.
+        """
+        hidden = features.to(self.fc.weight.dtype)
+        q, k, v = self._flat_qkv(tokens, hidden, positions)
+        torch.ops.dspark.reshape_and_cache(k, v, key_caches[0], value_caches[0], slot_mapping)
+        out = torch.ops.dspark.paged_attention(
+            q,
+            key_caches[0],
+            value_caches[0],
+            block_table,
+            seq_lens,
+            query_start_loc,
+            self.cfg.head_dim**-0.5,
+            True,
+        )
+        return self._finish(out.reshape(-1, self.q_size), hidden)
 
 
 @torch.no_grad()

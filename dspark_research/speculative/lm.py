@@ -12,7 +12,7 @@ Both forwards return ``(logits, hidden)`` with ``hidden`` the normed last hidden
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -185,6 +185,7 @@ class TransformerLM(nn.Module):
         seq_lens: torch.Tensor,
         query_start_loc: torch.Tensor,
         slot_mapping: torch.Tensor,
+        aux_layer_ids: Optional[Sequence[int]] = None,
     ):
         """Paged forward of ``T`` new tokens of one or more requests.
 
@@ -193,9 +194,20 @@ class TransformerLM(nn.Module):
         (written in place at ``slot_mapping``), ``block_table [R, max_blocks]`` int32,
         ``seq_lens [R]`` int32 (KV length including the new tokens),
         ``query_start_loc [R + 1]`` int32. Returns ``(logits [T, V] fp32, hidden [T, H])``.
+
+        ``aux_layer_ids`` (an EAGLE3 draft's, strictly ascending ids in ``[0, num_layers)``)
+        also returns ``aux [T, len(ids) * H]``: for each id i the residual stream entering
+        layer i (before any norm), concatenated in id order, as vLLM's Llama collects
+        its aux hidden states: ``(logits, hidden, aux)``.
         """
+        ids = self._check_aux_layer_ids(aux_layer_ids) if aux_layer_ids is not None else ()
+        aux = []
         hidden = self._input(tokens, features)
-        for layer, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
+        for i, (layer, key_cache, value_cache) in enumerate(
+            zip(self.layers, key_caches, value_caches)
+        ):
+            if i in ids:
+                aux.append(hidden)
             hidden = layer(
                 hidden,
                 positions,
@@ -207,7 +219,24 @@ class TransformerLM(nn.Module):
                 slot_mapping,
             )
         hidden = self.norm(hidden)
-        return self.lm_head(hidden).float(), hidden
+        if aux_layer_ids is None:
+            return self.lm_head(hidden).float(), hidden
+        return self.lm_head(hidden).float(), hidden, torch.cat(aux, dim=-1)
+
+    def _check_aux_layer_ids(self, aux_layer_ids: Sequence[int]) -> tuple[int, ...]:
+        ids = tuple(aux_layer_ids)
+        if (
+            not ids
+            or any(not isinstance(i, int) or isinstance(i, bool) for i in ids)
+            or list(ids) != sorted(set(ids))
+            or ids[0] < 0
+            or ids[-1] >= self.cfg.num_layers
+        ):
+            raise ValueError(
+                f"aux_layer_ids={list(aux_layer_ids)!r} is invalid: expected strictly "
+                f"ascending ints in [0, {self.cfg.num_layers}) (id i: the input of layer i)"
+            )
+        return ids
 
 
 def shift_features(features: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,15 @@ A round, with ``L`` committed tokens (the target has processed ``L - 1`` of them
    (``feature_size > 0``) keeps ``L`` (its later inputs used its own features,
    which the target's now replace); a token-only draft keeps ``L + min(a, K-1)``.
 
+An EAGLE3 draft (one with ``aux_layer_ids`` and ``combine``, e.g.
+:class:`~dspark_research.speculative.eagle3.Eagle3Draft`) runs as vLLM's ``eagle3``
+proposer does: its position p reads token ``x[p + 1]`` and ``combine(aux[p])`` (``fc``
+over the target's aux-layer states at p, which the target returns when its forward is
+given ``aux_layer_ids``), so it holds ``L - 1`` positions after a catch-up and proposes
+``d_1`` from position ``L - 2``; while proposing, each step reads the previous step's
+pre-norm hidden. After verification it keeps ``L - 1`` and its catch-up recomputes
+positions ``L - 1 .. L + a - 1`` from the target's aux states (vLLM's next first pass).
+
 The draft is called through ``draft_fn`` (e.g. :func:`compile_draft`'s result),
 so the window pass of ``backend="dspark"`` applies exactly as in deployment.
 """
@@ -159,7 +168,10 @@ class SpeculativeDecoder:
     """Greedy (``temperature == 0``) or sampled speculative decoding of one request.
 
     ``target``/``draft`` implement :class:`PagedModel`; an EAGLE-style draft's
-    ``feature_size`` must equal the target's hidden size. ``draft_fn`` (default:
+    ``feature_size`` must equal the target's hidden size. An EAGLE3 draft (with
+    ``aux_layer_ids`` and ``combine(aux [T, n * Ht]) -> [T, feature_size]``) needs a
+    target whose forward takes ``aux_layer_ids=`` and then returns ``(logits, hidden,
+    aux)`` (:meth:`TransformerLM.forward`). ``draft_fn`` (default:
     ``draft`` itself) is what the loop calls with the draft's forward arguments.
     ``draft_prefill_chunk``: most tokens per draft catch-up forward (None: all at once).
     ``max_len``: cache capacity in tokens for every request (prompt + new tokens
@@ -202,6 +214,12 @@ class SpeculativeDecoder:
                 f"target.feature_size={target.feature_size} is invalid: "
                 "the target must read tokens only (0)"
             )
+        self.aux_layer_ids = getattr(draft, "aux_layer_ids", None)
+        if self.aux_layer_ids is not None and not callable(getattr(draft, "combine", None)):
+            raise ValueError(
+                f"draft={type(draft).__name__} is invalid: it has aux_layer_ids="
+                f"{self.aux_layer_ids!r} (EAGLE3) but no combine(aux) method"
+            )
         self.target, self.draft = target, draft
         self.draft_fn = draft if draft_fn is None else draft_fn
         self.k = num_speculative_tokens
@@ -237,6 +255,25 @@ class SpeculativeDecoder:
             step.slot_mapping,
         )
 
+    def _call_target(self, tokens, no_features, cache: PagedKVCache, step: StepInputs):
+        """The target's forward -> ``(logits [T, V], the draft's features of these
+        positions [T, F])``: its hidden (EAGLE), ``draft.combine(aux)`` (EAGLE3)."""
+        if self.aux_layer_ids is None:
+            return self._call(self.target, tokens, no_features, cache, step)
+        logits, _, aux = self.target(
+            tokens,
+            no_features,
+            step.positions,
+            cache.key_caches,
+            cache.value_caches,
+            step.block_table,
+            step.seq_lens,
+            step.query_start_loc,
+            step.slot_mapping,
+            aux_layer_ids=self.aux_layer_ids,
+        )
+        return logits, self.draft.combine(aux)
+
     def _call_draft(self, tokens, features, cache: PagedKVCache, step: StepInputs):
         """The draft's forward with fresh contiguous per-token inputs (no views: a view's
         storage offset and base size would be guarded, recompiling every step), their
@@ -266,9 +303,10 @@ class SpeculativeDecoder:
         end: int,
         nll_start: Optional[int] = None,
     ):
-        """Draft forward over positions ``[cache.length, end)``; returns the last position's
-        (logits, hidden) and, with ``nll_start``, the mean NLL of the draft's next-token
-        predictions at positions ``[nll_start, end - 1)`` (nats per token)."""
+        """Draft forward over positions ``[cache.length, end)`` (position p reads ``seq[p]``
+        and ``features[p]``); returns the last position's (logits, hidden) and, with
+        ``nll_start``, the mean NLL of the draft's next-token predictions at positions
+        ``[nll_start, end - 1)`` (nats per token; position p predicts ``seq[p + 1]``)."""
         chunk = self.draft_prefill_chunk or end
         nll_sum, nll_count = torch.zeros((), device=self.device), 0
         logits = hidden = None
@@ -337,7 +375,11 @@ class SpeculativeDecoder:
         seq[:n] = prompt.to(device)
         no_features = torch.zeros(capacity, 0, device=device, dtype=self.dtype)
         eagle = self.draft.feature_size > 0
-        # features[p] = the target's hidden at p - 1 (the EAGLE-style draft's input at p)
+        # EAGLE: features[p] = the target's hidden at p - 1 (the draft's input at p, with
+        # x[p]); EAGLE3 (shift 1): features[p] = combine(aux[p]), with x[p + 1]
+        shift = 1 if self.aux_layer_ids is not None else 0
+        offset = 1 - shift  # features[p + offset] <- the target's output at position p
+        draft_seq = seq[shift:]
         features = (
             torch.zeros(capacity + 1, self.draft.feature_size, device=device, dtype=self.dtype)
             if eagle
@@ -346,18 +388,22 @@ class SpeculativeDecoder:
 
         _sync(device)
         t0 = time.perf_counter()
-        logits, hidden = self._call(
-            self.target, seq[:n], no_features[:n], target_cache, target_cache.step(n)
+        logits, hidden = self._call_target(
+            seq[:n], no_features[:n], target_cache, target_cache.step(n)
         )
         first, _ = self._pick(logits[-1], generator)
         seq[n : n + 1] = first
         if eagle:
-            features[1 : n + 1] = hidden
+            features[offset : n + offset] = hidden
         _sync(device)
         t1 = time.perf_counter()
         length = n + 1
         draft_logits, draft_hidden, nll = self._draft_catch_up(
-            draft_cache, seq, features, length, nll_start=max(n - nll_tail, 0) if nll_tail else None
+            draft_cache,
+            draft_seq,
+            features,
+            length - shift,
+            nll_start=max(n - nll_tail - shift, 0) if nll_tail else None,
         )
         _sync(device)
         t2 = time.perf_counter()
@@ -366,9 +412,9 @@ class SpeculativeDecoder:
         draft_s = target_s = 0.0
         while length - n < max_new_tokens:
             r0 = time.perf_counter()
-            if draft_cache.length < length:
+            if draft_cache.length < length - shift:
                 draft_logits, draft_hidden, _ = self._draft_catch_up(
-                    draft_cache, seq, features, length
+                    draft_cache, draft_seq, features, length - shift
                 )
             proposals, draft_probs = [], []
             for j in range(k):
@@ -385,8 +431,7 @@ class SpeculativeDecoder:
             _sync(device)
             r1 = time.perf_counter()
             verify_tokens = torch.cat([seq[length - 1 : length], draft_tokens])
-            target_logits, target_hidden = self._call(
-                self.target,
+            target_logits, target_hidden = self._call_target(
                 verify_tokens,
                 no_features[: k + 1],
                 target_cache,
@@ -405,11 +450,13 @@ class SpeculativeDecoder:
             seq[length : length + a] = draft_tokens[:a]
             seq[length + a] = next_token[0].to(device)
             if eagle:
-                features[length : length + a + 1] = target_hidden[: a + 1]
+                # the target's outputs at positions length - 1 .. length - 1 + a
+                start = length - 1 + offset
+                features[start : start + a + 1] = target_hidden[: a + 1]
             _sync(device)
             r2 = time.perf_counter()
             target_cache.truncate(length + a)
-            draft_cache.truncate(length if eagle else length + min(a, k - 1))
+            draft_cache.truncate(length - shift if eagle else length + min(a, k - 1))
             length += a + 1
             accepted_counts.append(a)
             draft_s += r1 - r0

@@ -21,7 +21,9 @@ class PagedModel(Protocol):
     """``feature_size``: 0 for a model that reads tokens only; > 0 for an EAGLE-style
     draft whose input at position p is token ``x_p`` plus feature ``f_{p-1}``: the
     target's ``hidden`` output at position p-1 (the loop passes it for committed
-    tokens, and the draft's own previous ``hidden`` while it proposes).
+    tokens, and the draft's own previous ``hidden`` while it proposes). An EAGLE3 draft
+    (:class:`~dspark_research.speculative.eagle3.Eagle3Draft`) also has ``aux_layer_ids``
+    and ``combine``; its position p reads ``x_{p+1}`` and ``combine(aux_p)`` instead.
     ``kv_cache_shape``: ``(num_layers, num_kv_heads, head_dim)`` of its cache.
     """
 
